@@ -1,0 +1,70 @@
+#pragma once
+/// \file
+/// `tsnap::SaveHandle`: the future of one asynchronous save, and its statistics.
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace tsnap {
+
+namespace detail {
+struct SaveState;
+}
+
+/// Figures of one save; times in seconds.
+struct SaveStats {
+  double stall_s = 0;     ///< How long save_async blocked the caller.
+  double stage_s = 0;     ///< Copy + convert + hash into staging buffers (wall time).
+  double write_s = 0;     ///< From the first write submitted to the last completed.
+  double commit_s = 0;    ///< fsync, manifest, rename.
+  double total_s = 0;     ///< From the call to committed.
+  uint64_t bytes = 0;     ///< Bytes written (all shard files plus manifest).
+  uint64_t tensor_bytes = 0;  ///< Stored tensor bytes.
+  uint64_t chunks = 0;
+  uint64_t files = 0;
+  uint64_t tensors = 0;
+  uint64_t buffer_waits = 0;   ///< Times staging waited for a buffer (snapshot > budget).
+  uint64_t buffers_reused = 0; ///< Staging buffers that earlier saves had already used.
+  std::string engine;          ///< "io_uring" or "pwrite".
+  bool direct = false;         ///< Whether O_DIRECT was used.
+  /// bytes / total_s in GB/s (1e9 bytes), 0 before completion.
+  double throughput_gbps() const { return total_s > 0 ? bytes / total_s / 1e9 : 0; }
+};
+
+/// The handle of a save in flight. Copyable (shared state); all methods are thread-safe.
+/// Dropping every copy does not cancel the save: the Snapshotter finishes it.
+class SaveHandle {
+ public:
+  SaveHandle() = default;
+  explicit SaveHandle(std::shared_ptr<detail::SaveState> state) : state_(std::move(state)) {}
+
+  /// Blocks until the snapshot is committed; rethrows the save's error, if any.
+  void wait() const;
+  /// Waits at most `timeout`; true when done (then `wait()` returns or throws at once).
+  bool wait_for(std::chrono::milliseconds timeout) const;
+  /// True once committed or failed.
+  bool done() const;
+  /// Blocks until every tensor is staged (the caller may change its tensors); rethrows a staging
+  /// error. Returns at once for eager saves.
+  void wait_staged() const;
+  /// Runs `fn(error)` once the save completes (error is null on success), on tsnap's io thread,
+  /// or at once on this thread if it has already completed. `fn` must not throw or block long.
+  void on_complete(std::function<void(std::exception_ptr)> fn) const;
+  /// Figures so far; complete once `done()`.
+  SaveStats stats() const;
+  /// The final snapshot directory.
+  std::filesystem::path path() const;
+  /// The save's error once failed, else null.
+  std::exception_ptr error() const;
+  bool valid() const { return state_ != nullptr; }
+
+ private:
+  std::shared_ptr<detail::SaveState> state_;
+};
+
+}  // namespace tsnap

@@ -1,0 +1,37 @@
+#pragma once
+/// \file
+/// Options of one save (`tsnap::save`, `Snapshotter::save_async`).
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <optional>
+
+namespace tsnap {
+
+/// When `save_async` returns.
+enum class Staging {
+  /// After every chunk is copied into staging buffers: the caller may then change its tensors.
+  kEager,
+  /// At once; staging runs in the background and the caller must call
+  /// `SaveHandle::wait_staged()` before it next changes the tensors (e.g. before optimizer.step()).
+  kLazy,
+};
+
+/// Options of one save. Designated initialisers read well: `{.dtype = at::kBFloat16}`.
+struct SaveOptions {
+  /// Store floating tensors (f64/f32/f16/bf16) as this dtype; integer and bool tensors keep
+  /// theirs. A per-entry `StateEntry::dtype` wins over this. Unset keeps every dtype.
+  std::optional<at::ScalarType> dtype;
+  /// Replace an existing snapshot of the same name (atomically: a reader always sees either the
+  /// old or the new one). Without it, saving onto an existing name throws kAlreadyExists.
+  bool overwrite = false;
+  /// See `Staging`.
+  Staging staging = Staging::kEager;
+  /// Number of shard files; 0 picks one per ~1 GiB, at least one per writer thread when large.
+  int num_shards = 0;
+  /// Chunk size in bytes (multiple of 4096); 0 takes the Snapshotter's.
+  uint64_t chunk_bytes = 0;
+};
+
+}  // namespace tsnap

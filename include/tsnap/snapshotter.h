@@ -1,0 +1,94 @@
+#pragma once
+/// \file
+/// `tsnap::Snapshotter`: owns the save pipeline (staging pool, TBB arena, io engine, io thread)
+/// and takes asynchronous, atomically committed snapshots under one root directory.
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "tsnap/save_handle.h"
+#include "tsnap/save_options.h"
+#include "tsnap/state_dict.h"
+
+namespace tsnap {
+
+class Checkpoint;
+namespace io {
+class Engine;
+}
+
+/// Which write engine to use.
+enum class EngineKind {
+  kAuto,    ///< io_uring with O_DIRECT where the kernel and filesystem allow it, else pwrite.
+  kUring,   ///< io_uring only (throws at construction if unavailable).
+  kPwrite,  ///< A pool of threads calling pwrite.
+};
+
+/// What `save_async` does while earlier saves are still writing and `max_in_flight` is reached.
+enum class InFlightPolicy {
+  kWait,      ///< Block until one completes (default: never lose a snapshot).
+  kFailFast,  ///< Throw Error(kBusy) at once.
+};
+
+/// Options of a Snapshotter; fixed for its lifetime.
+struct SnapshotterOptions {
+  std::filesystem::path root;                   ///< Snapshots go to `<root>/<name>/`.
+  uint64_t staging_budget_bytes = 512ull << 20;  ///< Total size of the staging buffers.
+  uint64_t chunk_bytes = 16ull << 20;            ///< Default chunk size (multiple of 4096).
+  int stage_threads = 0;   ///< TBB arena size for copy/convert/hash; 0 = half the cores (>= 1).
+  int io_threads = 4;      ///< Threads of the pwrite engine (and for fsyncs).
+  unsigned queue_depth = 32;                     ///< io_uring submission queue depth.
+  EngineKind engine = EngineKind::kAuto;
+  bool direct_io = true;   ///< Use O_DIRECT where allowed.
+  int max_in_flight = 2;   ///< Saves that may be writing at once.
+  InFlightPolicy in_flight = InFlightPolicy::kWait;
+  /// For tests and tools: use this engine instead of building one (e.g. a fault injector).
+  std::shared_ptr<io::Engine> engine_override;
+};
+
+/// Takes snapshots under `options.root`.
+/// Thread-safety: all methods may be called from any thread. Ownership: owns its buffers and
+/// threads. Destruction waits for every save in flight to commit or fail (never leaves a
+/// committed-looking partial snapshot); callers that want to give up call `wait_all()` first.
+class Snapshotter {
+ public:
+  /// Allocates and pre-faults the staging pool and starts the io thread.
+  /// Errors: InvalidArgument for bad options; IoError if the root cannot be created.
+  explicit Snapshotter(SnapshotterOptions options);
+  ~Snapshotter();
+  Snapshotter(const Snapshotter&) = delete;
+  Snapshotter& operator=(const Snapshotter&) = delete;
+
+  /// Starts saving `state` as `<root>/<name>`. Returns when every tensor is staged (eager) or at
+  /// once (lazy); the snapshot is point-in-time exact from then on (lazy: from wait_staged()).
+  /// Errors thrown here: InvalidArgument (bad name, bad dtype), Error(kAlreadyExists),
+  /// Error(kBusy). Later errors complete the handle.
+  SaveHandle save_async(const std::string& name, const StateDict& state,
+                        const nlohmann::json& metadata, const SaveOptions& options = {});
+  SaveHandle save_async(const std::string& name, const StateDict& state,
+                        const SaveOptions& options = {});
+  /// Saves a multi-object checkpoint (its flattened state and metadata).
+  SaveHandle save_async(const std::string& name, const Checkpoint& checkpoint,
+                        const SaveOptions& options = {});
+
+  /// Waits for every save in flight; does not throw (each handle keeps its error).
+  void wait_all();
+  /// The root directory.
+  const std::filesystem::path& root() const;
+  /// The engine in use ("io_uring" or "pwrite") and whether O_DIRECT is on.
+  std::string engine_name() const;
+  /// The newest committed snapshot under root (see tsnap::latest), if any.
+  std::optional<std::filesystem::path> latest() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tsnap

@@ -1,0 +1,23 @@
+#pragma once
+// MANIFEST.json serialisation and validation (docs/format.md, "Manifest").
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <string_view>
+
+#include "tsnap/manifest.h"
+
+namespace tsnap::format {
+
+/// The manifest as JSON (deterministic field order, tensors sorted by name).
+nlohmann::json manifest_to_json(const Manifest& m);
+
+/// Parses and validates manifest text. `label` names the file in errors. Checks: JSON object,
+/// format == "tsnap" and version <= kFormatVersion (else kUnsupportedFormat), required fields and
+/// types, file names are plain relative names inside the directory (kUnsafePath), tensor ranges
+/// lie inside their file with dtype*shape == byte length and no overlaps (kBadOffsets), chunk
+/// hash count matches size/chunk_bytes, weight_map agrees with tensors (kBadManifest).
+Manifest parse_manifest(std::string_view text, const std::string& label);
+
+}  // namespace tsnap::format

@@ -1,0 +1,55 @@
+#pragma once
+// The safetensors shard files of format v1 (docs/format.md): 8-byte little-endian header
+// length N, N bytes of JSON header padded with spaces so that data starts at a multiple of
+// 4096, then the tensor data with no holes.
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tsnap::format {
+
+/// Data alignment of v1 shards (and the O_DIRECT block size tsnap uses).
+inline constexpr uint64_t kAlignment = 4096;
+/// Largest header a reader accepts (the safetensors reference caps at 100 MB too).
+inline constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+
+/// One tensor entry of a header; offsets are relative to the start of the data section.
+struct HeaderTensor {
+  std::string name;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+};
+
+/// A header as built or parsed.
+struct Header {
+  uint64_t data_offset = 0;  ///< 8 + N: where the data section starts in the file.
+  std::vector<HeaderTensor> tensors;  ///< In data order (begin ascending).
+  std::map<std::string, std::string> metadata;  ///< The `__metadata__` string map.
+};
+
+/// Serialises a header: returns the first `data_offset` bytes of the file (length prefix + JSON
+/// padded with spaces to a multiple of kAlignment). `tensors` must already be laid out
+/// contiguously from offset 0 in the given order.
+std::string build_header(const std::vector<HeaderTensor>& tensors,
+                         const std::map<std::string, std::string>& metadata);
+
+/// Parses and validates a header from the first bytes of a file of `file_size` bytes.
+/// `bytes` holds at least the first min(file_size, 8 + N) bytes (call with 8 first to learn N).
+/// Checks (each a distinct FormatError naming `file`): length prefix present (kTruncated),
+/// N <= kMaxHeaderBytes (kHeaderTooLarge), valid JSON object with valid entries (kBadHeader),
+/// dtype*shape == byte length with overflow checks, ranges inside the file, no overlaps and no
+/// holes (kBadOffsets).
+Header parse_header(const std::string& file, std::string_view bytes, uint64_t file_size);
+
+/// Opens `path`, reads and parses its header.
+Header read_header(const std::filesystem::path& path);
+
+}  // namespace tsnap::format
