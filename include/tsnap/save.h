@@ -3,7 +3,7 @@
 /// `tsnap::save`: a synchronous save, `Snapshotter::save_async(...).wait()` on a pipeline sized
 /// for one snapshot.
 
-#include <nlohmann/json_fwd.hpp>
+#include <nlohmann/json.hpp>
 
 #include <filesystem>
 
@@ -15,9 +15,9 @@ namespace tsnap {
 
 /// Saves `state` with user `metadata` (a JSON object) to the snapshot directory `path` and
 /// returns once it is committed. Errors: as Snapshotter::save_async, plus the save's own.
+/// `metadata` null means none.
 SaveStats save(const std::filesystem::path& path, const StateDict& state,
-               const nlohmann::json& metadata, const SaveOptions& options = {});
-SaveStats save(const std::filesystem::path& path, const StateDict& state,
+               const nlohmann::json& metadata = nlohmann::json::object(),
                const SaveOptions& options = {});
 
 }  // namespace tsnap

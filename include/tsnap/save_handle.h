@@ -52,7 +52,8 @@ class SaveHandle {
   /// Blocks until every tensor is staged (the caller may change its tensors); rethrows a staging
   /// error. Returns at once for eager saves.
   void wait_staged() const;
-  /// Runs `fn(error)` once the save completes (error is null on success), on tsnap's io thread,
+  /// Runs `fn(error)` once the save completes (error is null on success), on the tsnap thread
+  /// that completed it,
   /// or at once on this thread if it has already completed. `fn` must not throw or block long.
   void on_complete(std::function<void(std::exception_ptr)> fn) const;
   /// Figures so far; complete once `done()`.

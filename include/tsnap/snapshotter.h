@@ -3,7 +3,7 @@
 /// `tsnap::Snapshotter`: owns the save pipeline (staging pool, TBB arena, io engine, io thread)
 /// and takes asynchronous, atomically committed snapshots under one root directory.
 
-#include <nlohmann/json_fwd.hpp>
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <filesystem>
@@ -68,9 +68,9 @@ class Snapshotter {
   /// once (lazy); the snapshot is point-in-time exact from then on (lazy: from wait_staged()).
   /// Errors thrown here: InvalidArgument (bad name, bad dtype), Error(kAlreadyExists),
   /// Error(kBusy). Later errors complete the handle.
+  /// `metadata` is a JSON object (or null for none) stored in the manifest.
   SaveHandle save_async(const std::string& name, const StateDict& state,
-                        const nlohmann::json& metadata, const SaveOptions& options = {});
-  SaveHandle save_async(const std::string& name, const StateDict& state,
+                        const nlohmann::json& metadata = nlohmann::json::object(),
                         const SaveOptions& options = {});
   /// Saves a multi-object checkpoint (its flattened state and metadata).
   SaveHandle save_async(const std::string& name, const Checkpoint& checkpoint,

@@ -1,8 +1,8 @@
 #pragma once
 // MANIFEST.json serialisation and validation (docs/format.md, "Manifest").
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
-
 #include <string>
 #include <string_view>
 
@@ -10,7 +10,12 @@
 
 namespace tsnap::format {
 
+/// Largest MANIFEST.json read_manifest accepts (1 GiB), so a hostile file cannot exhaust memory.
+inline constexpr uint64_t kMaxManifestBytes = 1ull << 30;
+
 /// The manifest as JSON (deterministic field order, tensors sorted by name).
+/// Errors: InvalidArgument for duplicate tensor or file names, an unsupported dtype or metadata
+/// that is not a JSON object.
 nlohmann::json manifest_to_json(const Manifest& m);
 
 /// Parses and validates manifest text. `label` names the file in errors. Checks: JSON object,

@@ -30,26 +30,36 @@ struct HeaderTensor {
 
 /// A header as built or parsed.
 struct Header {
-  uint64_t data_offset = 0;  ///< 8 + N: where the data section starts in the file.
+  uint64_t data_offset = 0;           ///< 8 + N: where the data section starts in the file.
   std::vector<HeaderTensor> tensors;  ///< In data order (begin ascending).
   std::map<std::string, std::string> metadata;  ///< The `__metadata__` string map.
 };
 
 /// Serialises a header: returns the first `data_offset` bytes of the file (length prefix + JSON
 /// padded with spaces to a multiple of kAlignment). `tensors` must already be laid out
-/// contiguously from offset 0 in the given order.
+/// contiguously from offset 0 in the given order. Errors: InvalidArgument for an unsupported
+/// dtype or a name that is empty, duplicated, "__metadata__" or not UTF-8; Error(kInternal) when
+/// the tensors are not laid out contiguously.
 std::string build_header(const std::vector<HeaderTensor>& tensors,
                          const std::map<std::string, std::string>& metadata);
 
+/// Checks the 8-byte length prefix of a file of `file_size` bytes and returns 8 + N, the offset
+/// of its data section. `prefix` holds the first min(file_size, 8) bytes (more are ignored).
+/// Errors (FormatError naming `file`): fewer than 8 bytes or fewer than 8 + N (kTruncated),
+/// N > kMaxHeaderBytes (kHeaderTooLarge).
+uint64_t parse_length_prefix(const std::string& file, std::string_view prefix, uint64_t file_size);
+
 /// Parses and validates a header from the first bytes of a file of `file_size` bytes.
-/// `bytes` holds at least the first min(file_size, 8 + N) bytes (call with 8 first to learn N).
+/// `bytes` holds at least the first min(file_size, 8 + N) bytes (call parse_length_prefix with
+/// the first 8 to learn N).
 /// Checks (each a distinct FormatError naming `file`): length prefix present (kTruncated),
 /// N <= kMaxHeaderBytes (kHeaderTooLarge), valid JSON object with valid entries (kBadHeader),
 /// dtype*shape == byte length with overflow checks, ranges inside the file, no overlaps and no
 /// holes (kBadOffsets).
 Header parse_header(const std::string& file, std::string_view bytes, uint64_t file_size);
 
-/// Opens `path`, reads and parses its header.
+/// Opens `path`, reads and parses its header. Errors: those of parse_header (naming `path`);
+/// Error(kNotFound) when the file is missing; IoError(kIo) when it cannot be read.
 Header read_header(const std::filesystem::path& path);
 
 }  // namespace tsnap::format

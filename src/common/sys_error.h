@@ -1,0 +1,15 @@
+#pragma once
+// Converting -errno results of the I/O layer into tsnap errors, in one place.
+
+#include <exception>
+#include <string>
+
+namespace tsnap::detail {
+
+/// An IoError (kNoSpace for ENOSPC/EDQUOT, else kIo) for `-neg_errno` while doing `what`,
+/// e.g. "write shard-00000-of-00001.safetensors at offset 4096".
+std::exception_ptr sys_error(int neg_errno, const std::string& what);
+/// Throws it.
+[[noreturn]] void throw_sys_error(int neg_errno, const std::string& what);
+
+}  // namespace tsnap::detail

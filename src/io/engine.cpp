@@ -1,0 +1,77 @@
+#include "io/engine.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+namespace tsnap::io {
+namespace {
+
+int result(int rc) { return rc < 0 ? -errno : rc; }
+
+}  // namespace
+
+int Engine::open(const std::string& path, int flags, mode_t mode) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+  } while (fd < 0 && errno == EINTR);
+  return result(fd);
+}
+
+int Engine::close(int fd) { return result(::close(fd)); }
+int Engine::fsync(int fd) { return result(::fsync(fd)); }
+int Engine::ftruncate(int fd, uint64_t size) {
+  return result(::ftruncate(fd, static_cast<off_t>(size)));
+}
+int Engine::mkdir(const std::string& path) { return result(::mkdir(path.c_str(), 0755)); }
+
+int Engine::rename(const std::string& from, const std::string& to, RenameMode mode) {
+  const unsigned flags = mode == RenameMode::kExchange ? RENAME_EXCHANGE : RENAME_NOREPLACE;
+  return result(::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), flags));
+}
+
+int Engine::fsync_dir(const std::string& path) {
+  const int fd = open(path, O_RDONLY | O_DIRECTORY, 0);
+  if (fd < 0) return fd;
+  const int rc = fsync(fd);
+  close(fd);
+  return rc;
+}
+
+bool probe_direct_io(Engine& engine, const std::string& dir) {
+  const std::string path = dir + "/.tsnap-direct-probe-" + std::to_string(::getpid());
+  const int fd = engine.open(path, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
+  if (fd < 0) return false;
+  void* buf = nullptr;
+  bool ok = false;
+  if (posix_memalign(&buf, 4096, 4096) == 0) {
+    std::memset(buf, 0, 4096);
+    std::mutex mu;
+    std::condition_variable cv;
+    bool finished = false;
+    int rc = 0;
+    engine.write(fd, buf, 4096, 0, -1, [&](int r) {
+      std::lock_guard<std::mutex> lock(mu);
+      rc = r;
+      finished = true;
+      cv.notify_one();
+    });
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return finished; });
+    ok = rc == 0;
+    std::free(buf);
+  }
+  engine.close(fd);
+  ::unlink(path.c_str());
+  return ok;
+}
+
+}  // namespace tsnap::io

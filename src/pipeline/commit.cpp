@@ -1,0 +1,100 @@
+/// \file
+/// The durable commit protocol of a snapshot. A directory is a snapshot only if it holds a valid
+/// MANIFEST.json, and only a renamed, fully synced directory ever has one at its final name.
+///
+///   1. The shard files are written into `<root>/.<name>.tmp-<id>/` (never the final path).
+///   2. Each shard file is truncated to its exact size (O_DIRECT pads the tail) and fsynced.
+///   3. MANIFEST.json is written last into the temporary directory, then fsynced.
+///   4. The temporary directory is fsynced (its entries are durable).
+///   5. The temporary directory is renamed to `<root>/<name>`:
+///        - new name: renameat2(RENAME_NOREPLACE), so a concurrent writer cannot be overwritten;
+///        - overwrite: renameat2(RENAME_EXCHANGE) swaps old and new in one atomic step, so at
+///          every instant exactly one of them is committed at `<root>/<name>`.
+///   6. The root directory is fsynced (the rename is durable).
+///   7. After an exchange, the old snapshot (now at the temporary path) is removed.
+/// A crash before step 5 leaves only a temporary directory (never read as a snapshot, removed
+/// by a later writer); a crash after it leaves the new snapshot committed.
+
+#include "pipeline/commit.h"
+
+#include <fcntl.h>
+
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+#include <system_error>
+
+#include "common/sys_error.h"
+#include "tsnap/error.h"
+#include "tsnap/manifest.h"
+
+namespace tsnap::pipeline {
+namespace {
+
+void check(int rc, const std::string& what) {
+  if (rc < 0) detail::throw_sys_error(rc, what);
+}
+
+// Writes `text` into a new file and fsyncs it, through the engine (so faults can be injected).
+void write_file_durably(io::Engine& engine, const std::string& path, const std::string& text) {
+  const int fd = engine.open(path, O_WRONLY | O_CREAT | O_EXCL, 0644);
+  check(fd, "create " + path);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool finished = false;
+  int rc = 0;
+  engine.write(fd, text.data(), text.size(), 0, -1, [&](int r) {
+    std::lock_guard<std::mutex> lock(mu);
+    rc = r;
+    finished = true;
+    cv.notify_one();
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return finished; });
+  }
+  if (rc == 0) rc = engine.fsync(fd);
+  const int close_rc = engine.close(fd);
+  check(rc, "write " + path);
+  check(close_rc, "close " + path);
+}
+
+}  // namespace
+
+std::string temporary_name(const std::string& name, const std::string& id) {
+  return "." + name + ".tmp-" + id;
+}
+
+bool is_temporary_name(const std::string& entry) {
+  return entry.size() > 1 && entry[0] == '.' && entry.find(".tmp-") != std::string::npos;
+}
+
+uint64_t commit_directory(io::Engine& engine, const CommitPaths& paths,
+                          const std::string& manifest_text, bool overwrite) {
+  const std::string manifest = paths.temporary + "/" + kManifestName;
+  write_file_durably(engine, manifest, manifest_text);
+  check(engine.fsync_dir(paths.temporary), "fsync directory " + paths.temporary);
+
+  std::error_code ec;
+  const bool replace = overwrite && std::filesystem::exists(paths.final, ec);
+  const int rc = engine.rename(paths.temporary, paths.final,
+                               replace ? io::RenameMode::kExchange : io::RenameMode::kNoReplace);
+  if (rc == -EEXIST || rc == -ENOTEMPTY) {
+    throw Error(ErrorCode::kAlreadyExists,
+                "snapshot " + paths.final + " already exists (pass overwrite to replace it)");
+  }
+  check(rc, "rename " + paths.temporary + " to " + paths.final);
+  // From here on the snapshot is committed; a failing root fsync is still reported, since the
+  // rename may not survive a power loss.
+  const int sync_rc = engine.fsync_dir(paths.root);
+  if (replace) remove_temporary(paths.temporary);  // the old snapshot now lives there
+  check(sync_rc, "fsync directory " + paths.root);
+  return manifest_text.size();
+}
+
+void remove_temporary(const std::string& path) noexcept {
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+}
+
+}  // namespace tsnap::pipeline

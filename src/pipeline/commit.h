@@ -1,0 +1,34 @@
+#pragma once
+// The durable commit of a snapshot directory (protocol in commit.cpp).
+
+#include <string>
+
+#include "io/engine.h"
+
+namespace tsnap::pipeline {
+
+/// Paths of one save: `<root>/.<name>.tmp-<id>` becomes `<root>/<name>`.
+struct CommitPaths {
+  std::string root;
+  std::string temporary;
+  std::string final;
+};
+
+/// Temporary directory name of snapshot `name` with save id `id`.
+std::string temporary_name(const std::string& name, const std::string& id);
+/// True if a directory entry name is a tsnap temporary directory.
+bool is_temporary_name(const std::string& entry);
+
+/// Steps 3-7 of the protocol: writes `manifest_text` as MANIFEST.json into the temporary
+/// directory (shard files are already fsynced and closed), fsyncs it and the directory, moves
+/// the directory to its final name (atomically swapping with an existing snapshot when
+/// `overwrite`), fsyncs the root, and removes the replaced snapshot. Returns the manifest's size.
+/// Throws IoError naming the step and path, or Error(kAlreadyExists); on a throw, no committed
+/// directory was created or changed.
+uint64_t commit_directory(io::Engine& engine, const CommitPaths& paths,
+                          const std::string& manifest_text, bool overwrite);
+
+/// Removes a temporary directory and everything in it; never throws.
+void remove_temporary(const std::string& path) noexcept;
+
+}  // namespace tsnap::pipeline

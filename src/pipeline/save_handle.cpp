@@ -1,0 +1,99 @@
+#include "tsnap/save_handle.h"
+
+#include "pipeline/save_state.h"
+#include "tsnap/error.h"
+
+namespace tsnap {
+namespace detail {
+
+void SaveState::mark_staged(std::exception_ptr e) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (staged) return;
+    staged = true;
+    stage_error = e;
+  }
+  cv.notify_all();
+}
+
+void SaveState::complete(std::exception_ptr e) {
+  std::vector<std::function<void(std::exception_ptr)>> to_run;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (done) return;
+    if (!staged) {
+      staged = true;
+      stage_error = e;
+    }
+    done = true;
+    error = e;
+    to_run.swap(callbacks);
+  }
+  cv.notify_all();
+  for (auto& fn : to_run) fn(e);
+}
+
+}  // namespace detail
+
+namespace {
+
+detail::SaveState& state_of(const std::shared_ptr<detail::SaveState>& s) {
+  if (!s) throw InvalidArgument(ErrorCode::kInvalidArgument, "empty SaveHandle");
+  return *s;
+}
+
+}  // namespace
+
+void SaveHandle::wait() const {
+  detail::SaveState& s = state_of(state_);
+  std::unique_lock<std::mutex> lock(s.mu);
+  s.cv.wait(lock, [&] { return s.done; });
+  if (s.error) std::rethrow_exception(s.error);
+}
+
+bool SaveHandle::wait_for(std::chrono::milliseconds timeout) const {
+  detail::SaveState& s = state_of(state_);
+  std::unique_lock<std::mutex> lock(s.mu);
+  return s.cv.wait_for(lock, timeout, [&] { return s.done; });
+}
+
+bool SaveHandle::done() const {
+  detail::SaveState& s = state_of(state_);
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.done;
+}
+
+void SaveHandle::wait_staged() const {
+  detail::SaveState& s = state_of(state_);
+  std::unique_lock<std::mutex> lock(s.mu);
+  s.cv.wait(lock, [&] { return s.staged; });
+  if (s.stage_error) std::rethrow_exception(s.stage_error);
+}
+
+void SaveHandle::on_complete(std::function<void(std::exception_ptr)> fn) const {
+  detail::SaveState& s = state_of(state_);
+  std::unique_lock<std::mutex> lock(s.mu);
+  if (!s.done) {
+    s.callbacks.push_back(std::move(fn));
+    return;
+  }
+  std::exception_ptr e = s.error;
+  lock.unlock();
+  fn(e);
+}
+
+SaveStats SaveHandle::stats() const {
+  detail::SaveState& s = state_of(state_);
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.stats;
+}
+
+std::filesystem::path SaveHandle::path() const { return state_of(state_).path; }
+
+std::exception_ptr SaveHandle::error() const {
+  detail::SaveState& s = state_of(state_);
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.error;
+}
+
+}  // namespace tsnap

@@ -1,0 +1,251 @@
+#include "pipeline/save_job.h"
+
+#include <fcntl.h>
+#include <tbb/parallel_for.h>
+#include <torch/version.h>
+
+#include <boost/asio/post.hpp>
+#include <ctime>
+
+#include "common/sys_error.h"
+#include "format/dtype.h"
+#include "format/hash.h"
+#include "format/manifest_io.h"
+#include "stage/fill.h"
+#include "tsnap/error.h"
+
+#ifndef TSNAP_VERSION_STRING
+#define TSNAP_VERSION_STRING "0.0.0"
+#endif
+
+namespace tsnap::pipeline {
+namespace {
+
+constexpr uint64_t kBlock = 4096;
+
+uint64_t round_up(uint64_t n) { return (n + kBlock - 1) / kBlock * kBlock; }
+
+double seconds(SaveJob::Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             SaveJob::Clock::now().time_since_epoch())
+      .count();
+}
+
+std::string iso8601(std::chrono::system_clock::time_point t) {
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+  const std::time_t secs = static_cast<std::time_t>(ms / 1000);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                static_cast<int>(ms % 1000));
+  return buf;
+}
+
+}  // namespace
+
+SaveJob::SaveJob(Resources& res, plan::Plan plan, CommitPaths paths, nlohmann::json metadata,
+                 bool overwrite, Clock::time_point started, std::function<void()> on_finished)
+    : res_(res),
+      plan_(std::move(plan)),
+      paths_(std::move(paths)),
+      metadata_(std::move(metadata)),
+      overwrite_(overwrite),
+      started_(started),
+      on_finished_(std::move(on_finished)),
+      state_(std::make_shared<detail::SaveState>()) {
+  state_->path = paths_.final;
+  SaveStats& s = state_->stats;
+  s.engine = res_.engine->name();
+  s.direct = res_.direct;
+  s.files = plan_.files.size();
+  s.chunks = plan_.chunks.size();
+  s.tensors = plan_.num_tensors;
+  s.tensor_bytes = plan_.tensor_bytes;
+  hashes_.resize(plan_.files.size());
+  for (size_t f = 0; f < plan_.files.size(); ++f) {
+    hashes_[f].assign(plan_.files[f].num_chunks(), 0);
+  }
+}
+
+void SaveJob::open_files() {
+  io::Engine& engine = *res_.engine;
+  const int rc = engine.mkdir(paths_.temporary);
+  if (rc < 0) detail::throw_sys_error(rc, "create temporary directory " + paths_.temporary);
+  const int flags = O_WRONLY | O_CREAT | O_EXCL | (res_.direct ? O_DIRECT : 0);
+  for (const plan::PlannedFile& file : plan_.files) {
+    const std::string path = paths_.temporary + "/" + file.name;
+    const int fd = engine.open(path, flags, 0644);
+    if (fd < 0) {
+      for (int open_fd : fds_) engine.close(open_fd);
+      fds_.clear();
+      remove_temporary(paths_.temporary);
+      detail::throw_sys_error(fd, "create shard " + path);
+    }
+    fds_.push_back(fd);
+  }
+}
+
+void SaveJob::stage() {
+  const Clock::time_point t0 = Clock::now();
+  std::exception_ptr stage_error;
+  try {
+    std::vector<std::vector<at::Tensor>> sources;
+    sources.reserve(plan_.files.size());
+    for (const plan::PlannedFile& file : plan_.files) {
+      sources.push_back(stage::prepare_sources(file));
+    }
+    res_.arena->execute([&] {
+      tbb::parallel_for(size_t{0}, plan_.chunks.size(), [&](size_t i) {
+        if (!failed_) stage_chunk(i, sources);
+      });
+    });
+  } catch (...) {
+    stage_error = std::current_exception();
+    fail(stage_error);
+  }
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    state_->stats.stage_s = seconds(Clock::now() - t0);
+    state_->stats.buffer_waits = buffer_waits_;
+    state_->stats.buffers_reused = buffers_reused_;
+  }
+  if (!stage_error && failed_) {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    stage_error = error_;
+  }
+  state_->mark_staged(stage_error);
+  release_token();
+}
+
+void SaveJob::stage_chunk(size_t index, const std::vector<std::vector<at::Tensor>>& sources) {
+  const plan::ChunkRef ref = plan_.chunks[index];
+  const plan::PlannedFile& file = plan_.files[ref.file];
+  stage::StagingPool& pool = *res_.pool;
+  bool waited = false;
+  const int buf = pool.acquire(&waited);
+  if (waited) ++buffer_waits_;
+  if (pool.used_before(buf)) ++buffers_reused_;
+  uint8_t* data = pool.data(buf);
+  uint64_t len;
+  try {
+    len = stage::fill_chunk(file, sources[ref.file], ref.chunk, data);
+  } catch (...) {
+    pool.release(buf);
+    throw;  // tbb rethrows it on the staging thread, which fails the job
+  }
+  hashes_[ref.file][ref.chunk] = format::hash64(data, len);
+  uint64_t write_len = len;
+  if (res_.direct && len % kBlock != 0) {
+    // O_DIRECT writes whole blocks: zero the tail; the file is truncated to size at commit.
+    write_len = round_up(len);
+    std::memset(data + len, 0, write_len - len);
+  }
+  const uint64_t offset = file.chunk_begin(ref.chunk);
+  ++pending_;
+  int64_t expected = 0;
+  first_write_ns_.compare_exchange_strong(expected, now_ns());
+  auto self = shared_from_this();
+  res_.engine->write(fds_[ref.file], data, write_len, offset, buf,
+                     [self, buf, f = ref.file, offset](int rc) {
+                       self->res_.pool->release(buf);
+                       self->write_done(f, offset, rc);
+                     });
+}
+
+void SaveJob::write_done(uint32_t file, uint64_t offset, int rc) {
+  if (rc < 0) {
+    fail(detail::sys_error(rc, "write " + paths_.temporary + "/" + plan_.files[file].name +
+                                   " at offset " + std::to_string(offset)));
+  }
+  last_write_ns_ = now_ns();
+  release_token();
+}
+
+void SaveJob::fail(std::exception_ptr e) {
+  std::lock_guard<std::mutex> lock(error_mu_);
+  if (!error_) error_ = e;
+  failed_ = true;
+}
+
+void SaveJob::release_token() {
+  if (--pending_ != 0) return;
+  // Every write has completed and staging is over: commit (or clean up) off the io thread.
+  auto self = shared_from_this();
+  boost::asio::post(*res_.blocking, [self] { self->finish(); });
+}
+
+void SaveJob::finish() {
+  const Clock::time_point t0 = Clock::now();
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    error = error_;
+  }
+  uint64_t manifest_bytes = 0;
+  io::Engine& engine = *res_.engine;
+  // Step 2 of the protocol (commit.cpp): exact sizes, fsync, close every shard.
+  for (size_t f = 0; f < fds_.size(); ++f) {
+    const std::string path = paths_.temporary + "/" + plan_.files[f].name;
+    int rc = 0;
+    if (!error && res_.direct && plan_.files[f].size % kBlock != 0) {
+      rc = engine.ftruncate(fds_[f], plan_.files[f].size);
+      if (rc < 0) error = detail::sys_error(rc, "truncate " + path);
+    }
+    if (!error) {
+      rc = engine.fsync(fds_[f]);
+      if (rc < 0) error = detail::sys_error(rc, "fsync " + path);
+    }
+    rc = engine.close(fds_[f]);
+    if (rc < 0 && !error) error = detail::sys_error(rc, "close " + path);
+  }
+  fds_.clear();
+  if (!error) {
+    try {
+      manifest_bytes = commit_directory(engine, paths_, manifest_text(), overwrite_);
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  if (error) remove_temporary(paths_.temporary);
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    SaveStats& s = state_->stats;
+    s.commit_s = seconds(Clock::now() - t0);
+    s.write_s = last_write_ns_ > first_write_ns_ ? (last_write_ns_ - first_write_ns_) / 1e9 : 0;
+    s.total_s = seconds(Clock::now() - started_);
+    s.bytes = plan_.total_bytes + manifest_bytes;
+  }
+  state_->complete(error);
+  if (on_finished_) on_finished_();
+}
+
+std::string SaveJob::manifest_text() const {
+  Manifest m;
+  m.id = plan_.id;
+  m.tsnap_version = TSNAP_VERSION_STRING;
+  m.torch_version = TORCH_VERSION;
+  const auto now = std::chrono::system_clock::now();
+  m.created = iso8601(now);
+  m.created_unix_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
+  m.world_size = 1;
+  m.metadata = metadata_;
+  for (size_t f = 0; f < plan_.files.size(); ++f) {
+    const plan::PlannedFile& file = plan_.files[f];
+    m.files.push_back({file.name, file.size, file.data_offset, file.chunk_bytes, hashes_[f]});
+    for (const plan::PlannedTensor& t : file.tensors) {
+      m.tensors.push_back(
+          {t.name, file.name, t.dtype, t.source_dtype, t.shape, t.begin, t.end, t.shard});
+    }
+  }
+  std::sort(m.tensors.begin(), m.tensors.end(),
+            [](const TensorRecord& a, const TensorRecord& b) { return a.name < b.name; });
+  return format::manifest_to_json(m).dump(1) + "\n";
+}
+
+}  // namespace tsnap::pipeline

@@ -1,0 +1,68 @@
+#pragma once
+// One save from plan to commit: stages every chunk (eager on the caller's thread, or lazy on
+// the blocking pool), hands each staged buffer to the engine, and when the last write
+// completes, commits on the blocking pool (or cleans up after an error) and completes the
+// handle. Owned by shared_ptr: the engine callbacks keep it alive.
+
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "pipeline/commit.h"
+#include "pipeline/resources.h"
+#include "pipeline/save_state.h"
+#include "plan/plan.h"
+
+namespace tsnap::pipeline {
+
+class SaveJob : public std::enable_shared_from_this<SaveJob> {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  /// `on_finished` runs after the handle completes (admission bookkeeping).
+  SaveJob(Resources& res, plan::Plan plan, CommitPaths paths, nlohmann::json metadata,
+          bool overwrite, Clock::time_point started, std::function<void()> on_finished);
+
+  /// Creates the temporary directory and opens the shard files; throws on failure (nothing is
+  /// left behind).
+  void open_files();
+  /// Stages every chunk and submits its write; never throws (errors complete the handle).
+  void stage();
+
+  const std::shared_ptr<detail::SaveState>& state() const { return state_; }
+
+ private:
+  void stage_chunk(size_t index, const std::vector<std::vector<at::Tensor>>& sources);
+  void write_done(uint32_t file, uint64_t offset, int rc);
+  void fail(std::exception_ptr e);
+  void release_token();
+  void finish();
+  void commit();
+  std::string manifest_text() const;
+
+  Resources& res_;
+  plan::Plan plan_;
+  CommitPaths paths_;
+  nlohmann::json metadata_;
+  bool overwrite_;
+  Clock::time_point started_;
+  std::function<void()> on_finished_;
+  std::shared_ptr<detail::SaveState> state_;
+
+  std::vector<int> fds_;
+  std::vector<std::vector<uint64_t>> hashes_;  // per file, per chunk
+  std::atomic<uint64_t> pending_{1};  // submitted writes not completed, +1 while staging
+  std::atomic<bool> failed_{false};
+  std::mutex error_mu_;
+  std::exception_ptr error_;
+  std::atomic<uint64_t> buffer_waits_{0}, buffers_reused_{0};
+  std::atomic<int64_t> first_write_ns_{0}, last_write_ns_{0};
+};
+
+}  // namespace tsnap::pipeline

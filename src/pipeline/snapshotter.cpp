@@ -1,0 +1,246 @@
+#include "tsnap/snapshotter.h"
+
+#include <tbb/task_arena.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/post.hpp>
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "common/sys_error.h"
+#include "pipeline/resources.h"
+#include "pipeline/save_job.h"
+#include "plan/plan.h"
+#include "tsnap/catalog.h"
+#include "tsnap/error.h"
+
+namespace tsnap {
+
+namespace fs = std::filesystem;
+
+struct Snapshotter::Impl {
+  pipeline::Resources res;
+  std::mutex mu;
+  std::condition_variable cv;
+  int in_flight = 0;
+
+  explicit Impl(SnapshotterOptions options);
+  ~Impl();
+  void choose_engine();
+  void admit();
+  void finished();
+};
+
+namespace {
+
+std::string new_id() {
+  static std::mt19937_64 rng(std::random_device{}() ^
+                             static_cast<uint64_t>(::getpid()) << 32);
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%016llx-%08llx", static_cast<unsigned long long>(ns),
+                static_cast<unsigned long long>(rng() & 0xffffffffu));
+  return buf;
+}
+
+void check_name(const std::string& name) {
+  if (name.empty() || name == "." || name == ".." || name[0] == '.' ||
+      name.find('/') != std::string::npos || name.find('\0') != std::string::npos ||
+      name.size() > 200) {
+    throw InvalidArgument(ErrorCode::kInvalidArgument,
+                          "invalid snapshot name '" + name +
+                              "': use a plain directory name that does not start with '.'");
+  }
+}
+
+}  // namespace
+
+Snapshotter::Impl::Impl(SnapshotterOptions options) {
+  res.options = std::move(options);
+  SnapshotterOptions& o = res.options;
+  if (o.root.empty()) {
+    throw InvalidArgument(ErrorCode::kInvalidArgument, "SnapshotterOptions::root is empty");
+  }
+  if (o.chunk_bytes == 0 || o.chunk_bytes % 4096 != 0) {
+    throw InvalidArgument(ErrorCode::kInvalidArgument,
+                          "chunk_bytes must be a positive multiple of 4096, not " +
+                              std::to_string(o.chunk_bytes));
+  }
+  if (o.max_in_flight < 1) {
+    throw InvalidArgument(ErrorCode::kInvalidArgument, "max_in_flight must be >= 1");
+  }
+  std::error_code ec;
+  fs::create_directories(o.root, ec);
+  if (ec) {
+    throw IoError(ErrorCode::kIo, "cannot create snapshot root " + o.root.string() + ": " +
+                                      ec.message(), ec.value());
+  }
+  const size_t count =
+      std::max<size_t>(2, static_cast<size_t>(o.staging_budget_bytes / o.chunk_bytes));
+  res.pool = std::make_unique<stage::StagingPool>(count, o.chunk_bytes, /*pinned=*/true);
+
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = o.stage_threads > 0 ? o.stage_threads : std::max(1, cores / 2);
+  res.arena = std::make_unique<tbb::task_arena>(threads);
+  res.blocking =
+      std::make_unique<boost::asio::thread_pool>(static_cast<size_t>(o.max_in_flight) + 1);
+  res.work.emplace(res.io.get_executor());
+  res.io_thread = std::thread([this] { res.io.run(); });
+  try {
+    choose_engine();
+  } catch (...) {
+    res.work.reset();
+    res.io.stop();
+    res.io_thread.join();
+    throw;
+  }
+}
+
+void Snapshotter::Impl::choose_engine() {
+  SnapshotterOptions& o = res.options;
+  const std::string root = o.root.string();
+  if (o.engine_override) {
+    res.engine = o.engine_override;
+    res.direct = o.direct_io && io::probe_direct_io(*res.engine, root);
+  } else {
+    std::string why;
+    if (o.engine != EngineKind::kPwrite) {
+      res.engine = io::make_uring_engine(res.io, o.queue_depth, &why);
+      if (!res.engine && o.engine == EngineKind::kUring) {
+        throw Error(ErrorCode::kUnsupported, "io_uring is not available here: " + why);
+      }
+      if (res.engine) {
+        res.direct = o.direct_io && io::probe_direct_io(*res.engine, root);
+        // kAuto: where O_DIRECT is refused (tmpfs), the pwrite engine serves as well.
+        if (!res.direct && o.engine == EngineKind::kAuto && o.direct_io) res.engine.reset();
+      }
+    }
+    if (!res.engine) {
+      res.engine = io::make_pwrite_engine(o.io_threads);
+      res.direct = o.direct_io && io::probe_direct_io(*res.engine, root);
+    }
+  }
+  std::vector<iovec> iovs;
+  for (size_t i = 0; i < res.pool->count(); ++i) {
+    iovs.push_back({res.pool->data(static_cast<int>(i)), res.pool->buffer_bytes()});
+  }
+  res.engine->register_buffers(iovs);
+}
+
+Snapshotter::Impl::~Impl() {
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return in_flight == 0; });
+  }
+  res.blocking->join();
+  res.engine.reset();  // closes the ring on the io thread
+  res.work.reset();
+  res.io_thread.join();
+}
+
+void Snapshotter::Impl::admit() {
+  std::unique_lock<std::mutex> lock(mu);
+  if (in_flight >= res.options.max_in_flight) {
+    if (res.options.in_flight == InFlightPolicy::kFailFast) {
+      throw Error(ErrorCode::kBusy, std::to_string(in_flight) +
+                                        " saves are still in flight (max_in_flight = " +
+                                        std::to_string(res.options.max_in_flight) + ")");
+    }
+    cv.wait(lock, [&] { return in_flight < res.options.max_in_flight; });
+  }
+  ++in_flight;
+}
+
+void Snapshotter::Impl::finished() {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    --in_flight;
+  }
+  cv.notify_all();
+}
+
+Snapshotter::Snapshotter(SnapshotterOptions options)
+    : impl_(std::make_unique<Impl>(std::move(options))) {}
+
+Snapshotter::~Snapshotter() = default;
+
+SaveHandle Snapshotter::save_async(const std::string& name, const StateDict& state,
+                                   const nlohmann::json& metadata, const SaveOptions& options) {
+  const auto started = pipeline::SaveJob::Clock::now();
+  check_name(name);
+  if (!metadata.is_object() && !metadata.is_null()) {
+    throw InvalidArgument(ErrorCode::kInvalidArgument,
+                          std::string("metadata must be a JSON object, not ") +
+                              metadata.type_name());
+  }
+  pipeline::Resources& res = impl_->res;
+  const uint64_t chunk = options.chunk_bytes ? options.chunk_bytes : res.options.chunk_bytes;
+  if (chunk > res.pool->buffer_bytes()) {
+    throw InvalidArgument(ErrorCode::kInvalidArgument,
+                          "chunk_bytes " + std::to_string(chunk) +
+                              " exceeds the Snapshotter's buffer size " +
+                              std::to_string(res.pool->buffer_bytes()));
+  }
+  const std::string root = res.options.root.string();
+  pipeline::CommitPaths paths{root, "", root + "/" + name};
+  std::error_code ec;
+  if (!options.overwrite && fs::exists(paths.final, ec)) {
+    throw Error(ErrorCode::kAlreadyExists,
+                "snapshot " + paths.final + " already exists (pass overwrite to replace it)");
+  }
+  const std::string id = new_id();
+  paths.temporary = root + "/" + pipeline::temporary_name(name, id);
+  plan::Plan plan = plan::make_plan(state, options, chunk, id,
+                                    std::max(1, res.options.io_threads));
+
+  impl_->admit();
+  std::shared_ptr<pipeline::SaveJob> job;
+  try {
+    job = std::make_shared<pipeline::SaveJob>(res, std::move(plan), std::move(paths),
+                                              metadata.is_null() ? nlohmann::json::object()
+                                                                 : metadata,
+                                              options.overwrite, started,
+                                              [impl = impl_.get()] { impl->finished(); });
+    job->open_files();
+  } catch (...) {
+    impl_->finished();
+    throw;
+  }
+  SaveHandle handle(job->state());
+  if (options.staging == Staging::kLazy) {
+    boost::asio::post(*res.blocking, [job] { job->stage(); });
+  } else {
+    job->stage();
+  }
+  {
+    std::lock_guard<std::mutex> lock(job->state()->mu);
+    job->state()->stats.stall_s =
+        std::chrono::duration<double>(pipeline::SaveJob::Clock::now() - started).count();
+  }
+  return handle;
+}
+
+void Snapshotter::wait_all() {
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  impl_->cv.wait(lock, [&] { return impl_->in_flight == 0; });
+}
+
+const fs::path& Snapshotter::root() const { return impl_->res.options.root; }
+
+std::string Snapshotter::engine_name() const {
+  return impl_->res.engine->name() + (impl_->res.direct ? "+O_DIRECT" : "");
+}
+
+std::optional<fs::path> Snapshotter::latest() const { return tsnap::latest(root()); }
+
+}  // namespace tsnap

@@ -1,0 +1,76 @@
+#pragma once
+// The plan of a save: which tensors go to which shard file, at which byte offsets, in which
+// stored dtype, and how each file's byte image is cut into chunks. Made on the caller's thread
+// in microseconds to milliseconds; everything after it (stage, write, commit) follows it.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tsnap/save_options.h"
+#include "tsnap/state_dict.h"
+
+namespace tsnap::plan {
+
+/// One tensor's place in a shard file.
+struct PlannedTensor {
+  std::string name;
+  at::Tensor source;              ///< The caller's tensor (not copied).
+  at::ScalarType dtype;           ///< Stored dtype.
+  at::ScalarType source_dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0;             ///< Absolute offsets in the file.
+  uint64_t end = 0;
+  std::optional<ShardSpec> shard;
+  uint64_t nbytes() const { return end - begin; }
+};
+
+/// One shard file's byte image: header bytes, then tensors back to back.
+struct PlannedFile {
+  std::string name;
+  std::string header;             ///< Bytes [0, data_offset): length prefix + padded JSON.
+  uint64_t data_offset = 0;
+  uint64_t size = 0;              ///< Exact file size.
+  uint64_t chunk_bytes = 0;
+  std::vector<PlannedTensor> tensors;  ///< In file order (begin ascending).
+  uint64_t num_chunks() const { return size == 0 ? 0 : (size + chunk_bytes - 1) / chunk_bytes; }
+  /// Byte range [first, last) of chunk `c`.
+  uint64_t chunk_begin(uint64_t c) const { return c * chunk_bytes; }
+  uint64_t chunk_end(uint64_t c) const {
+    return std::min(size, (c + 1) * chunk_bytes);
+  }
+};
+
+/// A chunk's address: file index and chunk index.
+struct ChunkRef {
+  uint32_t file = 0;
+  uint64_t chunk = 0;
+};
+
+/// The whole plan.
+struct Plan {
+  std::string id;
+  std::vector<PlannedFile> files;
+  std::vector<ChunkRef> chunks;   ///< Every chunk of every file, interleaved across files.
+  uint64_t total_bytes = 0;       ///< Sum of file sizes.
+  uint64_t tensor_bytes = 0;      ///< Sum of stored tensor bytes.
+  size_t num_tensors = 0;
+};
+
+/// The dtype `entry` is stored as under `options` (integer/bool tensors never convert).
+/// Throws InvalidArgument naming `key` for an unsupported dtype.
+at::ScalarType stored_dtype(const std::string& key, const StateEntry& entry,
+                            const SaveOptions& options);
+
+/// Plans a save of `state`. `chunk_bytes` is a positive multiple of 4096; `num_shards` > 0 or 0
+/// for automatic (one file per ~1 GiB, capped by `max_auto_shards`). Tensors are assigned to
+/// files greedily by size (largest first to the lightest file) and ordered within a file by
+/// element size descending, then name. Errors: InvalidArgument naming the key (undefined tensor,
+/// unsupported dtype, sparse/quantized tensor).
+Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chunk_bytes,
+               const std::string& id, int max_auto_shards);
+
+}  // namespace tsnap::plan

@@ -1,0 +1,77 @@
+#include "tsnap/catalog.h"
+
+#include <algorithm>
+#include <system_error>
+
+#include "pipeline/commit.h"
+#include "tsnap/error.h"
+
+namespace tsnap {
+
+namespace fs = std::filesystem;
+
+std::vector<Listed> list(const fs::path& root) {
+  std::vector<Listed> out;
+  std::error_code ec;
+  if (!fs::exists(root, ec)) return out;
+  fs::directory_iterator it(root, ec);
+  if (ec) {
+    throw IoError(ErrorCode::kIo, "cannot list " + root.string() + ": " + ec.message(),
+                  ec.value());
+  }
+  std::vector<std::pair<int64_t, Listed>> sorted;
+  for (const fs::directory_entry& entry : it) {
+    if (!entry.is_directory(ec)) continue;
+    Listed l;
+    l.path = entry.path();
+    l.name = entry.path().filename().string();
+    l.temporary = pipeline::is_temporary_name(l.name);
+    int64_t when = 0;
+    if (!l.temporary) {
+      try {
+        l.manifest = read_manifest(l.path);
+        l.committed = true;
+        when = l.manifest->created_unix_ns;
+      } catch (const Error& e) {
+        l.problem = e.what();
+      }
+    } else {
+      l.problem = "temporary directory of an unfinished save";
+    }
+    if (!l.committed) {
+      const auto t = fs::last_write_time(l.path, ec);
+      if (!ec) {
+        when = std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+      }
+    }
+    sorted.emplace_back(when, std::move(l));
+  }
+  std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first < b.first : a.second.name < b.second.name;
+  });
+  for (auto& [when, l] : sorted) out.push_back(std::move(l));
+  return out;
+}
+
+std::optional<fs::path> latest(const fs::path& root) {
+  const Listed* best = nullptr;
+  int64_t best_step = 0;
+  const std::vector<Listed> all = list(root);
+  for (const Listed& l : all) {
+    if (!l.committed) continue;
+    const nlohmann::json& md = l.manifest->metadata;
+    const int64_t step = md.is_object() && md.contains("step") && md["step"].is_number_integer()
+                             ? md["step"].get<int64_t>()
+                             : INT64_MIN;
+    if (best == nullptr || step > best_step ||
+        (step == best_step &&
+         l.manifest->created_unix_ns >= best->manifest->created_unix_ns)) {
+      best = &l;
+      best_step = step;
+    }
+  }
+  if (best == nullptr) return std::nullopt;
+  return best->path;
+}
+
+}  // namespace tsnap

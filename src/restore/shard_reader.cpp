@@ -1,0 +1,107 @@
+#include "restore/shard_reader.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <map>
+
+#include "common/sys_error.h"
+#include "format/hash.h"
+#include "format/safetensors.h"
+#include "tsnap/error.h"
+
+namespace tsnap::restore {
+
+ShardReader::ShardReader(const std::filesystem::path& dir, const FileRecord& file,
+                         const Manifest& manifest)
+    : file_(file), path_((dir / file.name).string()) {
+  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd_ < 0) {
+    const int e = errno;
+    if (e == ENOENT) {
+      throw Error(ErrorCode::kNotFound, "shard " + path_ + " is missing", e);
+    }
+    detail::throw_sys_error(-e, "open " + path_);
+  }
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) {
+    const int e = errno;
+    ::close(fd_);
+    detail::throw_sys_error(-e, "stat " + path_);
+  }
+  if (static_cast<uint64_t>(st.st_size) != file.size) {
+    ::close(fd_);
+    throw FormatError(ErrorCode::kTruncated,
+                      "shard " + path_ + " is " + std::to_string(st.st_size) +
+                          " bytes, the manifest says " + std::to_string(file.size) +
+                          (static_cast<uint64_t>(st.st_size) < file.size ? " (truncated)" : ""));
+  }
+  // The shard's own header must describe the same tensors as the manifest.
+  format::Header header;
+  try {
+    header = format::read_header(path_);
+  } catch (...) {
+    ::close(fd_);
+    throw;
+  }
+  std::map<std::string, const format::HeaderTensor*> in_header;
+  for (const format::HeaderTensor& t : header.tensors) in_header[t.name] = &t;
+  size_t expected = 0;
+  for (const TensorRecord& t : manifest.tensors) {
+    if (t.file != file.name) continue;
+    ++expected;
+    auto it = in_header.find(t.name);
+    const bool same = it != in_header.end() && it->second->dtype == t.dtype &&
+                      it->second->shape == t.shape &&
+                      it->second->begin + header.data_offset == t.begin &&
+                      it->second->end + header.data_offset == t.end;
+    if (!same) {
+      ::close(fd_);
+      throw FormatError(ErrorCode::kBadManifest, "shard " + path_ + ": header entry of '" +
+                                                     t.name + "' disagrees with the manifest");
+    }
+  }
+  if (expected != header.tensors.size() || header.data_offset != file.data_offset) {
+    ::close(fd_);
+    throw FormatError(ErrorCode::kBadManifest,
+                      "shard " + path_ + ": header lists other tensors than the manifest");
+  }
+}
+
+ShardReader::~ShardReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+uint64_t ShardReader::read_chunk(uint64_t c, uint8_t* buf, bool verify) const {
+  const uint64_t begin = c * file_.chunk_bytes;
+  const uint64_t len = std::min(file_.size, begin + file_.chunk_bytes) - begin;
+  uint64_t got = 0;
+  while (got < len) {
+    const ssize_t n = ::pread(fd_, buf + got, len - got, static_cast<off_t>(begin + got));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      detail::throw_sys_error(-errno, "read " + path_ + " at offset " + std::to_string(begin + got));
+    }
+    if (n == 0) {
+      throw FormatError(ErrorCode::kTruncated, "shard " + path_ + " ends at offset " +
+                                                   std::to_string(begin + got) +
+                                                   " inside chunk " + std::to_string(c));
+    }
+    got += static_cast<uint64_t>(n);
+  }
+  if (verify && !chunk_ok(c, buf, len)) {
+    throw FormatError(ErrorCode::kHashMismatch,
+                      "shard " + path_ + ": chunk " + std::to_string(c) + " at offset " +
+                          std::to_string(begin) + " (" + std::to_string(len) +
+                          " bytes) does not match its XXH3-64 hash: the file is corrupt");
+  }
+  return len;
+}
+
+bool ShardReader::chunk_ok(uint64_t c, const uint8_t* buf, uint64_t len) const {
+  return c < file_.chunk_hashes.size() && format::hash64(buf, len) == file_.chunk_hashes[c];
+}
+
+}  // namespace tsnap::restore

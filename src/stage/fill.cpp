@@ -1,0 +1,87 @@
+#include "stage/fill.h"
+
+#include <ATen/ATen.h>
+#include <tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "format/dtype.h"
+#include "stage/convert.h"
+
+namespace tsnap::stage {
+namespace {
+
+struct Piece {
+  size_t tensor;      // index into file.tensors
+  uint64_t elem0;     // first stored element
+  uint64_t count;     // elements
+  uint64_t dst;       // offset in the chunk buffer
+};
+
+}  // namespace
+
+std::vector<at::Tensor> prepare_sources(const plan::PlannedFile& file) {
+  std::vector<at::Tensor> out;
+  out.reserve(file.tensors.size());
+  for (const plan::PlannedTensor& t : file.tensors) {
+    at::Tensor src = t.source;
+    if (!src.device().is_cpu()) {
+      // Convert on the device (one pass there), copy slices to the host chunk by chunk.
+      src = src.to(t.dtype).contiguous();
+    } else if (!src.is_contiguous()) {
+      src = src.contiguous();
+    }
+    out.push_back(std::move(src));
+  }
+  return out;
+}
+
+uint64_t fill_chunk(const plan::PlannedFile& file, const std::vector<at::Tensor>& sources,
+                    uint64_t chunk, uint8_t* buf) {
+  const uint64_t lo = file.chunk_begin(chunk);
+  const uint64_t hi = file.chunk_end(chunk);
+  if (lo < file.data_offset) {
+    std::memcpy(buf, file.header.data() + lo, std::min(hi, file.data_offset) - lo);
+  }
+
+  // Tensors overlapping [lo, hi): the first is the one whose end lies beyond lo.
+  auto first = std::upper_bound(
+      file.tensors.begin(), file.tensors.end(), lo,
+      [](uint64_t off, const plan::PlannedTensor& t) { return off < t.end; });
+  std::vector<Piece> pieces;
+  for (auto it = first; it != file.tensors.end() && it->begin < hi; ++it) {
+    const uint64_t a = std::max(lo, it->begin);
+    const uint64_t b = std::min(hi, it->end);
+    if (a >= b) continue;
+    const uint64_t esz = format::element_size(it->dtype);
+    const uint64_t per_piece = std::max<uint64_t>(1, kPieceBytes / esz);
+    const uint64_t e_begin = (a - it->begin) / esz;
+    const uint64_t e_end = (b - it->begin) / esz;
+    for (uint64_t e = e_begin; e < e_end; e += per_piece) {
+      const uint64_t n = std::min(per_piece, e_end - e);
+      pieces.push_back({static_cast<size_t>(it - file.tensors.begin()), e, n,
+                        it->begin + e * esz - lo});
+    }
+  }
+
+  tbb::parallel_for(size_t{0}, pieces.size(), [&](size_t i) {
+    const Piece& p = pieces[i];
+    const plan::PlannedTensor& t = file.tensors[p.tensor];
+    const at::Tensor& src = sources[p.tensor];
+    uint8_t* dst = buf + p.dst;
+    if (src.device().is_cpu()) {
+      const auto* base = static_cast<const uint8_t*>(src.data_ptr());
+      convert(base + p.elem0 * src.element_size(), src.scalar_type(), dst, t.dtype, p.count);
+    } else {
+      // Device tensor already in the stored dtype: a device-to-host copy of the slice.
+      at::Tensor host = at::from_blob(dst, {static_cast<int64_t>(p.count)},
+                                      at::TensorOptions().dtype(t.dtype));
+      host.copy_(src.reshape({-1}).narrow(0, static_cast<int64_t>(p.elem0),
+                                          static_cast<int64_t>(p.count)));
+    }
+  });
+  return hi - lo;
+}
+
+}  // namespace tsnap::stage

@@ -1,0 +1,81 @@
+#include "stage/staging_pool.h"
+
+#include <ATen/Context.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/core/Allocator.h>
+#include <sys/mman.h>
+
+#include <cstring>
+
+#include "tsnap/error.h"
+
+namespace tsnap::stage {
+StagingPool::StagingPool(size_t count, size_t buffer_bytes, bool pinned)
+    : buffer_bytes_(buffer_bytes) {
+  if (count == 0 || buffer_bytes == 0 || buffer_bytes % 4096 != 0) {
+    throw InvalidArgument(ErrorCode::kInvalidArgument,
+                          "staging pool needs at least one buffer of a multiple of 4096 bytes");
+  }
+  const size_t total = count * buffer_bytes;
+  uint8_t* base = nullptr;
+  if (pinned && at::hasCUDA()) {
+    auto* dp = new at::DataPtr(at::detail::getCUDAHooks().getPinnedMemoryAllocator()->allocate(total));
+    base = static_cast<uint8_t*>(dp->get());
+    pinned_ctx_ = dp;
+    pinned_ = true;
+  } else {
+    void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      const int e = errno;
+      throw IoError(ErrorCode::kIo,
+                    "cannot allocate a staging pool of " + std::to_string(total) +
+                        " bytes: " + std::strerror(e), e);
+    }
+    base = static_cast<uint8_t*>(p);
+  }
+  // Pre-fault every page now, so that no save pays for page faults (slow on this VM).
+  std::memset(base, 0, total);
+  for (size_t i = 0; i < count; ++i) {
+    buffers_.push_back(base + i * buffer_bytes);
+    free_.push_back(static_cast<int>(count - 1 - i));
+  }
+  used_.assign(count, false);
+}
+
+StagingPool::~StagingPool() {
+  if (pinned_ctx_ != nullptr) {
+    delete static_cast<at::DataPtr*>(pinned_ctx_);
+  } else if (!buffers_.empty()) {
+    munmap(buffers_.front(), buffers_.size() * buffer_bytes_);
+  }
+}
+
+int StagingPool::acquire(bool* waited) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (waited != nullptr) *waited = free_.empty();
+  cv_.wait(lock, [&] { return !free_.empty(); });
+  const int i = free_.back();
+  free_.pop_back();
+  return i;
+}
+
+void StagingPool::release(int index) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    used_[index] = true;
+    free_.push_back(index);
+  }
+  cv_.notify_one();
+}
+
+bool StagingPool::used_before(int index) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return used_[index];
+}
+
+size_t StagingPool::in_use() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return buffers_.size() - free_.size();
+}
+
+}  // namespace tsnap::stage

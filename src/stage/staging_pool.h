@@ -1,0 +1,51 @@
+#pragma once
+// A fixed set of aligned, pre-faulted staging buffers, allocated once and reused by every save
+// (DESIGN.md, "Memory"). Pinned host memory when LibTorch has CUDA. acquire() blocks while all
+// buffers are in use: that is the backpressure that bounds a save's memory to the budget.
+// Thread-safety: all methods are thread-safe. Ownership: owns the memory; buffers handed out
+// stay valid until the pool is destroyed, which must happen after every buffer is released.
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace tsnap::stage {
+
+class StagingPool {
+ public:
+  /// `count` buffers of `buffer_bytes` (a multiple of 4096) each. `pinned` asks for page-locked
+  /// memory (falls back to plain aligned memory if unavailable).
+  StagingPool(size_t count, size_t buffer_bytes, bool pinned);
+  ~StagingPool();
+  StagingPool(const StagingPool&) = delete;
+  StagingPool& operator=(const StagingPool&) = delete;
+
+  /// A free buffer's index; blocks until one is free. `waited` is set when it had to wait.
+  int acquire(bool* waited = nullptr);
+  /// Returns a buffer to the pool.
+  void release(int index);
+  /// The memory of buffer `index`.
+  uint8_t* data(int index) const { return buffers_[index]; }
+  size_t buffer_bytes() const { return buffer_bytes_; }
+  size_t count() const { return buffers_.size(); }
+  bool pinned() const { return pinned_; }
+  /// Buffers that had been used at least once before (for stats).
+  bool used_before(int index) const;
+  /// Number of buffers currently handed out.
+  size_t in_use() const;
+
+ private:
+  size_t buffer_bytes_;
+  bool pinned_ = false;
+  std::vector<uint8_t*> buffers_;
+  std::vector<bool> used_;
+  std::vector<int> free_;
+  void* pinned_ctx_ = nullptr;  // at::DataPtr owner for pinned memory
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+}  // namespace tsnap::stage

@@ -1,0 +1,283 @@
+// The asynchronous pipeline: point-in-time exactness (eager and lazy), backpressure, saves in
+// flight, engine fallback, every failure path through the fault injector, buffer reuse.
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "io/fault_engine.h"
+#include "support/test_util.h"
+#include "tsnap/catalog.h"
+#include "tsnap/error.h"
+#include "tsnap/load.h"
+#include "tsnap/snapshotter.h"
+
+namespace tsnap {
+namespace {
+
+using testing::bitwise_equal;
+using testing::make_tensor;
+using testing::TempDir;
+
+StateDict big_state(int n, int64_t elems, uint64_t seed) {
+  StateDict sd;
+  for (int i = 0; i < n; ++i) {
+    sd.insert("layer" + std::to_string(i) + ".weight",
+              make_tensor(at::kFloat, {elems}, seed + static_cast<uint64_t>(i)));
+  }
+  return sd;
+}
+
+StateDict clone(const StateDict& sd) {
+  StateDict out;
+  for (const auto& [k, e] : sd) out.insert(k, e.tensor.clone());
+  return out;
+}
+
+void expect_equal(const StateDict& want, const StateDict& got) {
+  ASSERT_EQ(want.keys(), got.keys());
+  for (const auto& [k, e] : want) EXPECT_TRUE(bitwise_equal(e.tensor, got.at(k))) << k;
+}
+
+TEST(Snapshotter, EagerSaveIsPointInTimeExact) {
+  TempDir dir;
+  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 8 << 20,
+                    .chunk_bytes = 1 << 20});
+  StateDict sd = big_state(6, 1 << 19, 1);  // 12 MiB > 8 MiB budget
+  const StateDict before = clone(sd);
+  SaveHandle h = snap.save_async("s", sd, {{"step", 1}});
+  for (auto& [k, e] : sd) e.tensor.fill_(-1);  // training moves on at once
+  h.wait();
+  expect_equal(before, load(dir / "s"));
+  EXPECT_GT(h.stats().stall_s, 0);
+  EXPECT_GE(h.stats().total_s, h.stats().stall_s);
+}
+
+TEST(Snapshotter, LazySaveIsExactOnceStaged) {
+  TempDir dir;
+  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 4 << 20,
+                    .chunk_bytes = 1 << 20});
+  StateDict sd = big_state(4, 1 << 19, 2);
+  const StateDict before = clone(sd);
+  SaveHandle h = snap.save_async("s", sd, {}, {.staging = Staging::kLazy});
+  h.wait_staged();
+  for (auto& [k, e] : sd) e.tensor.fill_(7);
+  h.wait();
+  expect_equal(before, load(dir / "s"));
+}
+
+TEST(Snapshotter, BackpressureWithBudgetSmallerThanSnapshot) {
+  TempDir dir;
+  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 2 << 20,
+                    .chunk_bytes = 1 << 20, .io_threads = 2});
+  StateDict sd = big_state(3, 3 << 20, 3);  // 36 MiB through a 2 MiB pool
+  SaveHandle h = snap.save_async("s", sd, {}, {.num_shards = 2});
+  h.wait();
+  expect_equal(sd, load(dir / "s"));
+  EXPECT_GT(h.stats().buffer_waits, 0u);
+  EXPECT_GT(h.stats().buffers_reused, 0u);
+}
+
+TEST(Snapshotter, ManySavesInFlight) {
+  TempDir dir;
+  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 4 << 20,
+                    .chunk_bytes = 1 << 20, .max_in_flight = 3});
+  std::vector<SaveHandle> handles;
+  std::vector<StateDict> states;
+  for (int i = 0; i < 8; ++i) {
+    states.push_back(big_state(2, 100000 + i, 10 + i));
+    handles.push_back(snap.save_async("s" + std::to_string(i), states.back(), {{"step", i}}));
+  }
+  std::atomic<int> callbacks{0};
+  for (auto& h : handles) h.on_complete([&](std::exception_ptr e) { callbacks += e ? 100 : 1; });
+  snap.wait_all();
+  for (auto& h : handles) EXPECT_TRUE(h.done());
+  EXPECT_EQ(callbacks, 8);
+  for (int i = 0; i < 8; ++i) expect_equal(states[i], load(dir / ("s" + std::to_string(i))));
+  EXPECT_EQ(latest(dir.path()), dir / "s7");
+}
+
+TEST(Snapshotter, FailFastPolicyRefusesWhenBusy) {
+  TempDir dir;
+  // A slow engine keeps the first save in flight.
+  struct Slow : io::ForwardingEngine {
+    using ForwardingEngine::ForwardingEngine;
+    void write(int fd, const void* b, size_t n, uint64_t off, int i, io::Done d) override {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      ForwardingEngine::write(fd, b, n, off, i, std::move(d));
+    }
+  };
+  auto slow = std::make_shared<Slow>(io::make_pwrite_engine(1));
+  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 2 << 20,
+                    .chunk_bytes = 1 << 20, .max_in_flight = 1,
+                    .in_flight = InFlightPolicy::kFailFast, .engine_override = slow});
+  StateDict sd = big_state(1, 1000, 1);
+  SaveHandle h = snap.save_async("a", sd);
+  try {
+    snap.save_async("b", sd);
+    FAIL() << "expected kBusy";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kBusy);
+  }
+  h.wait();
+  EXPECT_NO_THROW(snap.save_async("b", sd).wait());
+}
+
+TEST(Snapshotter, FallsBackToPwriteWhereIoUringIsUnavailable) {
+  TempDir dir;
+  ::setenv("TSNAP_DISABLE_IO_URING", "1", 1);
+  Snapshotter snap({.root = dir.path()});
+  ::unsetenv("TSNAP_DISABLE_IO_URING");
+  EXPECT_EQ(snap.engine_name().rfind("pwrite", 0), 0u) << snap.engine_name();
+  StateDict sd = big_state(2, 5000, 4);
+  SaveHandle h = snap.save_async("s", sd);
+  h.wait();
+  EXPECT_EQ(h.stats().engine, "pwrite");
+  expect_equal(sd, load(dir / "s"));
+  EXPECT_THROW(
+      {
+        ::setenv("TSNAP_DISABLE_IO_URING", "1", 1);
+        try {
+          Snapshotter strict({.root = dir.path(), .engine = EngineKind::kUring});
+        } catch (...) {
+          ::unsetenv("TSNAP_DISABLE_IO_URING");
+          throw;
+        }
+      },
+      Error);
+}
+
+TEST(Snapshotter, FallsBackToBufferedPwriteWhereDirectIoIsRefused) {
+  if (!std::filesystem::exists("/dev/shm")) GTEST_SKIP() << "no /dev/shm";
+  TempDir dir("/dev/shm");
+  Snapshotter snap({.root = dir.path()});
+  if (snap.engine_name().find("O_DIRECT") != std::string::npos) {
+    GTEST_SKIP() << "this kernel's tmpfs accepts O_DIRECT";
+  }
+  EXPECT_EQ(snap.engine_name(), "pwrite");
+  StateDict sd = big_state(2, 5000, 4);
+  SaveHandle h = snap.save_async("s", sd);
+  h.wait();
+  EXPECT_EQ(h.stats().engine, "pwrite");
+  EXPECT_FALSE(h.stats().direct);
+  expect_equal(sd, load(dir / "s"));
+}
+
+TEST(Snapshotter, UsesIoUringWithDirectIoWhereAllowed) {
+  TempDir dir;
+  Snapshotter snap({.root = dir.path(), .chunk_bytes = 1 << 20});
+  if (snap.engine_name() != "io_uring+O_DIRECT") {
+    GTEST_SKIP() << "io_uring or O_DIRECT unavailable here: " << snap.engine_name();
+  }
+  StateDict sd = big_state(3, 333333, 5);  // sizes not multiples of 4096: padded tails
+  SaveHandle h = snap.save_async("s", sd, {}, {.num_shards = 2});
+  h.wait();
+  EXPECT_EQ(h.stats().engine, "io_uring");
+  EXPECT_TRUE(h.stats().direct);
+  expect_equal(sd, load(dir / "s"));
+  EXPECT_TRUE(verify(dir / "s").empty());
+}
+
+TEST(Snapshotter, PoolIsReusedAcrossSaves) {
+  TempDir dir;
+  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 4 << 20,
+                    .chunk_bytes = 1 << 20});
+  StateDict sd = big_state(2, 1 << 20, 6);
+  snap.save_async("a", sd).wait();
+  SaveHandle h = snap.save_async("b", sd);
+  h.wait();
+  EXPECT_EQ(h.stats().buffers_reused, h.stats().chunks);
+}
+
+TEST(Snapshotter, InvalidNamesAndOptions) {
+  TempDir dir;
+  Snapshotter snap({.root = dir.path()});
+  StateDict sd{{"x", at::ones({1})}};
+  for (const char* bad : {"", ".", "..", ".hidden", "a/b"}) {
+    EXPECT_THROW(snap.save_async(bad, sd), InvalidArgument) << bad;
+  }
+  EXPECT_THROW(snap.save_async("x", sd, nlohmann::json::array()), InvalidArgument);
+  EXPECT_THROW(snap.save_async("x", sd, {}, {.chunk_bytes = 1000}), InvalidArgument);
+  EXPECT_THROW(Snapshotter({.root = dir.path(), .chunk_bytes = 5000}), InvalidArgument);
+}
+
+// Every failure point of a save: the handle fails with an error naming the cause, earlier
+// snapshots are intact, and nothing that looks committed (nor a temporary) is left behind.
+struct FaultCase {
+  const char* name;
+  io::Faults faults;
+  ErrorCode code;
+};
+
+class SaveFaultTest : public ::testing::TestWithParam<FaultCase> {};
+
+TEST_P(SaveFaultTest, FailedSaveLeavesEarlierSnapshotsIntact) {
+  TempDir dir;
+  const FaultCase& fc = GetParam();
+  auto faulty = std::make_shared<io::FaultInjectingEngine>(io::make_pwrite_engine(2), fc.faults);
+  StateDict good = big_state(2, 300000, 7);
+  {
+    Snapshotter plain({.root = dir.path(), .chunk_bytes = 1 << 20});
+    plain.save_async("good", good).wait();
+    plain.save_async("victim", good).wait();
+  }
+  Snapshotter snap({.root = dir.path(), .chunk_bytes = 1 << 20, .direct_io = false,
+                    .engine_override = faulty});
+  StateDict next = big_state(2, 300000, 8);
+  bool threw = false;
+  try {
+    snap.save_async("new", next).wait();
+  } catch (const Error& e) {
+    threw = true;
+    EXPECT_EQ(e.code(), fc.code) << e.what();
+  }
+  // A failing overwrite must keep the old snapshot.
+  bool threw_overwrite = false;
+  try {
+    snap.save_async("victim", next, {}, {.overwrite = true}).wait();
+  } catch (const Error&) {
+    threw_overwrite = true;
+  }
+  EXPECT_TRUE(threw) << fc.name;
+  expect_equal(good, load(dir / "good"));
+  if (threw_overwrite) expect_equal(good, load(dir / "victim"));
+  for (const std::string& e : testing::dir_entries(dir.path())) {
+    EXPECT_TRUE(e == "good" || e == "victim" || (e == "new" && !threw)) << "left behind: " << e;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Faults, SaveFaultTest,
+    ::testing::Values(FaultCase{"write1", {.fail_write = 1}, ErrorCode::kIo},
+                      FaultCase{"write3", {.fail_write = 3}, ErrorCode::kIo},
+                      FaultCase{"enospc", {.space_bytes = 600000}, ErrorCode::kNoSpace},
+                      FaultCase{"fsync", {.fail_fsync = 1}, ErrorCode::kIo},
+                      FaultCase{"manifest_fsync", {.fail_fsync = 2}, ErrorCode::kIo},
+                      FaultCase{"rename", {.fail_rename = 1}, ErrorCode::kIo},
+                      FaultCase{"open", {.fail_open = 2}, ErrorCode::kIo},
+                      FaultCase{"mkdir", {.fail_mkdir = 1}, ErrorCode::kIo},
+                      FaultCase{"dirsync", {.fail_fsync_dir = 1}, ErrorCode::kIo}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(Snapshotter, ThrowingCopyFailsTheHandle) {
+  TempDir dir;
+  Snapshotter snap({.root = dir.path()});
+  // A meta tensor has no data: staging it throws inside the TBB arena.
+  StateDict sd;
+  sd.insert("ok", at::ones({10}));
+  sd.insert("meta", at::empty({10}, at::TensorOptions().device(at::kMeta)));
+  bool failed = false;
+  try {
+    snap.save_async("s", sd).wait();
+  } catch (const std::exception&) {
+    failed = true;
+  }
+  EXPECT_TRUE(failed);
+  EXPECT_TRUE(testing::dir_entries(dir.path()).empty());
+}
+
+}  // namespace
+}  // namespace tsnap

@@ -1,0 +1,80 @@
+#include "support/test_util.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <stdexcept>
+
+namespace tsnap::testing {
+
+namespace fs = std::filesystem;
+
+TempDir::TempDir(const fs::path& base) {
+  static std::atomic<int> counter{0};
+  std::random_device rd;
+  path_ = base / ("tsnap-test-" + std::to_string(::getpid()) + "-" +
+                  std::to_string(counter++) + "-" + std::to_string(rd()));
+  fs::create_directories(path_);
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  const at::Tensor ca = a.contiguous().cpu();
+  const at::Tensor cb = b.contiguous().cpu();
+  return std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0;
+}
+
+at::Tensor make_tensor(at::ScalarType dtype, at::IntArrayRef shape, uint64_t seed) {
+  at::manual_seed(seed);
+  if (dtype == at::kBool) return at::randint(0, 2, shape).to(at::kBool);
+  if (at::isIntegralType(dtype, /*includeBool=*/false)) {
+    const int64_t hi = dtype == at::kByte ? 255 : (dtype == at::kChar ? 127 : 30000);
+    const int64_t lo = dtype == at::kByte ? 0 : -hi;
+    return at::randint(lo, hi, shape, at::TensorOptions().dtype(dtype));
+  }
+  return at::randn(shape, at::TensorOptions().dtype(at::kDouble)).mul(100).to(dtype);
+}
+
+StateDict mixed_state(uint64_t seed) {
+  StateDict sd;
+  const at::ScalarType types[] = {at::kDouble, at::kFloat, at::kHalf,  at::kBFloat16, at::kLong,
+                                  at::kInt,    at::kShort, at::kChar, at::kByte,     at::kBool};
+  int i = 0;
+  for (at::ScalarType t : types) {
+    const std::string name = std::string(c10::toString(t));
+    sd.insert("odd." + name, make_tensor(t, {3, 7, 5}, seed + i++));
+    sd.insert("scalar." + name, make_tensor(t, {}, seed + i++));
+    sd.insert("empty." + name, make_tensor(t, {0, 4}, seed + i++));
+    sd.insert("vec." + name, make_tensor(t, {1001}, seed + i++));
+  }
+  return sd;
+}
+
+std::vector<std::string> dir_entries(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void flip_byte(const fs::path& file, uint64_t offset) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  if (!f) throw std::runtime_error("cannot open " + file.string());
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x5a);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&c, 1);
+}
+
+}  // namespace tsnap::testing

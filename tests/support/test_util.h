@@ -1,0 +1,42 @@
+#pragma once
+// Helpers shared by the test suites: temporary directories, test states, bitwise comparison.
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <string>
+
+#include "tsnap/state_dict.h"
+
+namespace tsnap::testing {
+
+/// A fresh directory under `base` (default: the system temp dir), removed on destruction.
+class TempDir {
+ public:
+  explicit TempDir(const std::filesystem::path& base = std::filesystem::temp_directory_path());
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+/// True when `a` and `b` have the same dtype, shape and bytes.
+bool bitwise_equal(const at::Tensor& a, const at::Tensor& b);
+
+/// A tensor of `dtype` and `shape` with varied, deterministic values (seeded).
+at::Tensor make_tensor(at::ScalarType dtype, at::IntArrayRef shape, uint64_t seed);
+
+/// A state of every supported dtype and awkward shapes: 0-d, empty, odd sizes.
+StateDict mixed_state(uint64_t seed = 1);
+
+/// The names of the entries of a directory (files and folders), sorted.
+std::vector<std::string> dir_entries(const std::filesystem::path& dir);
+
+/// Flips one byte of a file at `offset`.
+void flip_byte(const std::filesystem::path& file, uint64_t offset);
+
+}  // namespace tsnap::testing
