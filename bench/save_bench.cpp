@@ -1,0 +1,362 @@
+// Save-pipeline benchmark (issue: the asynchronous save pipeline). In one run, repetitions
+// interleaved so that the disk's drift hits every contender alike:
+//   raw     sequential O_DIRECT write of an equal-size file with the same engine, same chunk
+//           size and queue depth, from warm aligned buffers, then fsync (the device's limit);
+//   tsnap   save_async + wait: stall (time save_async blocks) and durable time (call ->
+//           committed), for the state as fp32 and as bf16;
+//   memcpy  a plain 2-thread memcpy of the same output bytes into warm buffers (the stall's
+//           floor);
+//   torch   torch::save + fsync of the same tensors.
+// Also: 10,000 small tensors vs large tensors of the same total, and peak RSS over N saves.
+// Prints medians and min..max, and the ratios the pipeline issue targets.
+
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <tbb/parallel_for.h>
+#include <torch/serialize.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "io/engine.h"
+#include "tsnap/snapshotter.h"
+#include "workloads.h"
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct Series {
+  std::vector<double> v;
+  void add(double x) { v.push_back(x); }
+  double median() const {
+    std::vector<double> s = v;
+    std::sort(s.begin(), s.end());
+    return s.empty() ? 0 : (s.size() % 2 ? s[s.size() / 2] : (s[s.size() / 2 - 1] + s[s.size() / 2]) / 2);
+  }
+  double min() const { return v.empty() ? 0 : *std::min_element(v.begin(), v.end()); }
+  double max() const { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
+};
+
+long rss_kib() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+  }
+  return 0;
+}
+
+long peak_rss_kib() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;
+}
+
+uint64_t output_bytes(const tsnap::StateDict& sd, std::optional<at::ScalarType> dtype) {
+  uint64_t n = 0;
+  for (const auto& [k, e] : sd) {
+    const bool floating = at::isFloatingType(e.tensor.scalar_type());
+    n += e.tensor.numel() * (dtype && floating ? c10::elementSize(*dtype) : e.tensor.element_size());
+  }
+  return n;
+}
+
+// Sequential O_DIRECT write of `bytes` through `engine`, `chunk` at a time, `depth` in flight.
+double raw_write(tsnap::io::Engine& engine, const std::string& path, uint64_t bytes,
+                 uint64_t chunk, unsigned depth, std::vector<uint8_t*>& bufs, bool direct) {
+  const auto t0 = Clock::now();
+  const int fd = engine.open(path, O_WRONLY | O_CREAT | O_TRUNC | (direct ? O_DIRECT : 0), 0644);
+  if (fd < 0) throw std::runtime_error("raw: open " + path + " failed");
+  std::mutex mu;
+  std::condition_variable cv;
+  unsigned in_flight = 0;
+  int failed = 0;
+  uint64_t off = 0;
+  size_t next_buf = 0;
+  while (off < bytes) {
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return in_flight < std::min<size_t>(depth, bufs.size()); });
+      ++in_flight;
+    }
+    const uint64_t n = std::min(chunk, (bytes - off + 4095) / 4096 * 4096);
+    engine.write(fd, bufs[next_buf++ % bufs.size()], n, off, -1, [&](int rc) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (rc != 0) failed = rc;
+      --in_flight;
+      cv.notify_one();
+    });
+    off += n;
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return in_flight == 0; });
+  }
+  engine.fsync(fd);
+  engine.close(fd);
+  const double t = since(t0);
+  if (failed) throw std::runtime_error("raw write failed");
+  fs::remove(path);
+  return t;
+}
+
+double memcpy_2threads(const tsnap::StateDict& sd, std::optional<at::ScalarType> dtype,
+                       uint8_t* dst) {
+  // The same output bytes: for a converted state, copy half the source bytes (what a convert
+  // would write) so that the floor counts output bandwidth only.
+  std::vector<std::pair<const uint8_t*, uint64_t>> pieces;
+  for (const auto& [k, e] : sd) {
+    const uint64_t out = e.tensor.numel() *
+                         (dtype && at::isFloatingType(e.tensor.scalar_type())
+                              ? c10::elementSize(*dtype)
+                              : e.tensor.element_size());
+    pieces.push_back({static_cast<const uint8_t*>(e.tensor.data_ptr()), out});
+  }
+  std::vector<uint64_t> offsets(pieces.size() + 1, 0);
+  for (size_t i = 0; i < pieces.size(); ++i) offsets[i + 1] = offsets[i] + pieces[i].second;
+  const auto t0 = Clock::now();
+  std::thread threads[2];
+  for (int t = 0; t < 2; ++t) {
+    threads[t] = std::thread([&, t] {
+      for (size_t i = t; i < pieces.size(); i += 2) {
+        std::memcpy(dst + offsets[i], pieces[i].first, pieces[i].second);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  return since(t0);
+}
+
+double torch_save_fsync(const tsnap::StateDict& sd, const std::string& path) {
+  std::vector<at::Tensor> tensors;
+  for (const auto& [k, e] : sd) tensors.push_back(e.tensor);
+  const auto t0 = Clock::now();
+  torch::save(tensors, path);
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ::fsync(fd);
+  ::close(fd);
+  const double t = since(t0);
+  fs::remove(path);
+  return t;
+}
+
+struct Args {
+  std::string dir = "bench-tmp";
+  int reps = 3;
+  double scale = 1.0;
+  uint64_t budget = 2048ull << 20;
+  uint64_t chunk = 16ull << 20;
+  int threads = 0;
+  unsigned depth = 32;
+  int soak = 0;
+  bool small = true;
+  bool torch = true;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    std::string k = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "missing value for %s\n", k.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (k == "--dir") a.dir = val();
+    else if (k == "--reps") a.reps = std::stoi(val());
+    else if (k == "--scale") a.scale = std::stod(val());
+    else if (k == "--budget-mb") a.budget = std::stoull(val()) << 20;
+    else if (k == "--chunk-mb") a.chunk = std::stoull(val()) << 20;
+    else if (k == "--threads") a.threads = std::stoi(val());
+    else if (k == "--depth") a.depth = static_cast<unsigned>(std::stoul(val()));
+    else if (k == "--soak") a.soak = std::stoi(val());
+    else if (k == "--no-small") a.small = false;
+    else if (k == "--no-torch") a.torch = false;
+    else {
+      std::fprintf(stderr,
+                   "usage: %s [--dir D] [--reps N] [--scale S] [--budget-mb M] [--chunk-mb M]\n"
+                   "          [--threads N] [--depth N] [--soak N] [--no-small] [--no-torch]\n",
+                   argv[0]);
+      std::exit(k == "--help" ? 0 : 2);
+    }
+  }
+  return a;
+}
+
+void row(const char* name, const Series& s, double bytes) {
+  std::printf("  %-34s %8.3f s  (%.3f..%.3f)  %6.2f GB/s\n", name, s.median(), s.min(), s.max(),
+              bytes / s.median() / 1e9);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = parse(argc, argv);
+  fs::create_directories(args.dir);
+  const long rss0 = rss_kib();
+  std::printf("building GPT-2-small-like state with Adam moments (scale %.2f)...\n", args.scale);
+  tsnap::StateDict state = tsnap::bench::gpt2_small_with_adam(args.scale);
+  const uint64_t f32_bytes = output_bytes(state, std::nullopt);
+  const uint64_t bf16_bytes = output_bytes(state, at::kBFloat16);
+  std::printf("state: %zu tensors, %.3f GB fp32\n", state.size(), f32_bytes / 1e9);
+
+  tsnap::Snapshotter snap({.root = args.dir, .staging_budget_bytes = args.budget,
+                           .chunk_bytes = args.chunk, .stage_threads = args.threads,
+                           .queue_depth = args.depth, .max_in_flight = 1});
+  const long rss_pool = rss_kib();
+  std::printf("engine: %s, staging budget %.0f MiB, chunk %.0f MiB\n", snap.engine_name().c_str(),
+              args.budget / 1048576.0, args.chunk / 1048576.0);
+
+  // The raw baseline uses an engine of the same kind as the snapshotter's, on its own io_context.
+  boost::asio::io_context io;
+  auto guard = boost::asio::make_work_guard(io);
+  std::thread io_thread([&] { io.run(); });
+  std::shared_ptr<tsnap::io::Engine> raw_engine;
+  const bool uring = snap.engine_name().rfind("io_uring", 0) == 0;
+  const bool direct = snap.engine_name().find("O_DIRECT") != std::string::npos;
+  std::string why;
+  raw_engine = uring ? tsnap::io::make_uring_engine(io, args.depth, &why)
+                     : tsnap::io::make_pwrite_engine(4);
+  const size_t nraw = std::max<size_t>(2, args.budget / args.chunk);
+  std::vector<uint8_t*> raw_bufs;
+  for (size_t i = 0; i < nraw; ++i) {
+    void* p = nullptr;
+    if (posix_memalign(&p, 4096, args.chunk) != 0) return 1;
+    std::memset(p, 0x5a, args.chunk);
+    raw_bufs.push_back(static_cast<uint8_t*>(p));
+  }
+  std::vector<uint8_t> warm(f32_bytes);
+  std::memset(warm.data(), 1, warm.size());
+
+  Series raw, f32_total, f32_stall, bf16_total, bf16_stall, copy_f32, copy_bf16, torch_t;
+  double last_bytes_f32 = 0, last_bytes_bf16 = 0;
+  for (int r = 0; r < args.reps; ++r) {
+    std::printf("rep %d/%d: raw", r + 1, args.reps);
+    std::fflush(stdout);
+    raw.add(raw_write(*raw_engine, args.dir + "/raw.bin", f32_bytes, args.chunk, args.depth,
+                      raw_bufs, direct));
+    std::printf(" tsnap-f32");
+    std::fflush(stdout);
+    auto h = snap.save_async("f32-" + std::to_string(r), state);
+    h.wait();
+    f32_total.add(h.stats().total_s);
+    f32_stall.add(h.stats().stall_s);
+    last_bytes_f32 = h.stats().bytes;
+    std::printf(" tsnap-bf16");
+    std::fflush(stdout);
+    auto hb = snap.save_async("bf16-" + std::to_string(r), state, {},
+                              {.dtype = at::kBFloat16});
+    hb.wait();
+    bf16_total.add(hb.stats().total_s);
+    bf16_stall.add(hb.stats().stall_s);
+    last_bytes_bf16 = hb.stats().bytes;
+    copy_f32.add(memcpy_2threads(state, std::nullopt, warm.data()));
+    copy_bf16.add(memcpy_2threads(state, at::kBFloat16, warm.data()));
+    if (args.torch) {
+      std::printf(" torch.save");
+      std::fflush(stdout);
+      torch_t.add(torch_save_fsync(state, args.dir + "/torch.pt"));
+    }
+    std::printf("\n");
+    fs::remove_all(args.dir + "/f32-" + std::to_string(r));
+    fs::remove_all(args.dir + "/bf16-" + std::to_string(r));
+  }
+
+  std::printf("\nGPT-2-small + Adam, %d reps (median, min..max):\n", args.reps);
+  row("raw O_DIRECT write + fsync", raw, f32_bytes);
+  row("tsnap save fp32 (durable)", f32_total, last_bytes_f32);
+  row("tsnap save bf16 (durable)", bf16_total, last_bytes_bf16);
+  row("tsnap stall fp32", f32_stall, f32_bytes);
+  row("tsnap stall bf16", bf16_stall, bf16_bytes);
+  row("memcpy 2 threads fp32 bytes", copy_f32, f32_bytes);
+  row("memcpy 2 threads bf16 bytes", copy_bf16, bf16_bytes);
+  if (args.torch) row("torch::save + fsync", torch_t, f32_bytes);
+  const double raw_bw = f32_bytes / raw.median();
+  std::printf("\nratios (targets in brackets):\n");
+  std::printf("  durable fp32 throughput / raw    %.2f  [>= 0.9]\n",
+              (last_bytes_f32 / f32_total.median()) / raw_bw);
+  std::printf("  durable bf16 throughput / raw    %.2f  [>= 0.9]\n",
+              (last_bytes_bf16 / bf16_total.median()) / raw_bw);
+  std::printf("  stall fp32 / memcpy              %.2f  [<= 1.2]\n",
+              f32_stall.median() / copy_f32.median());
+  std::printf("  stall bf16 / memcpy              %.2f  [<= 1.2]\n",
+              bf16_stall.median() / copy_bf16.median());
+  if (args.torch) {
+    std::printf("  torch::save / stall fp32         %.1f  [>= 10]\n",
+                torch_t.median() / f32_stall.median());
+    std::printf("  torch::save / stall bf16         %.1f  [>= 10]\n",
+                torch_t.median() / bf16_stall.median());
+  }
+
+  if (args.small) {
+    state = tsnap::StateDict();
+    tsnap::StateDict small = tsnap::bench::small_tensors(10000);
+    const uint64_t small_bytes = output_bytes(small, std::nullopt);
+    tsnap::StateDict large = tsnap::bench::large_tensors(small_bytes, 8);
+    Series ts, tl;
+    for (int r = 0; r < args.reps; ++r) {
+      auto a = snap.save_async("small", small);
+      a.wait();
+      ts.add(a.stats().total_s);
+      auto b = snap.save_async("large", large);
+      b.wait();
+      tl.add(b.stats().total_s);
+      fs::remove_all(args.dir + "/small");
+      fs::remove_all(args.dir + "/large");
+    }
+    std::printf("\n10,000 small tensors (4-64 KiB, %.0f MB) vs 8 large of the same total:\n",
+                small_bytes / 1e6);
+    row("small tensors (durable)", ts, small_bytes);
+    row("large tensors (durable)", tl, small_bytes);
+    std::printf("  small / large throughput         %.2f  [>= 0.9]\n",
+                tl.median() / ts.median());
+  }
+
+  if (args.soak > 0) {
+    tsnap::StateDict s = tsnap::bench::gpt2_small_with_adam(args.scale);
+    long first = 0, last = 0, lo = LONG_MAX, hi = 0;
+    for (int i = 0; i < args.soak; ++i) {
+      auto h = snap.save_async("soak", s, {}, {.overwrite = true});
+      h.wait();
+      const long r = rss_kib();
+      if (i == 0) first = r;
+      last = r;
+      lo = std::min(lo, r);
+      hi = std::max(hi, r);
+    }
+    fs::remove_all(args.dir + "/soak");
+    std::printf("\nRSS over %d saves: first %.0f MiB, last %.0f MiB, range %.0f..%.0f MiB\n",
+                args.soak, first / 1024.0, last / 1024.0, lo / 1024.0, hi / 1024.0);
+  }
+  std::printf("\nmemory: RSS before %.0f MiB, after pool %.0f MiB, peak %.0f MiB; "
+              "staging budget %.0f MiB\n",
+              rss0 / 1024.0, rss_pool / 1024.0, peak_rss_kib() / 1024.0,
+              args.budget / 1048576.0);
+  raw_engine.reset();
+  guard.reset();
+  io_thread.join();
+  for (uint8_t* p : raw_bufs) std::free(p);
+  return 0;
+}

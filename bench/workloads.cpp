@@ -1,0 +1,69 @@
+#include "workloads.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+namespace tsnap::bench {
+namespace {
+
+at::Tensor filled(std::initializer_list<int64_t> shape) {
+  // Random values (not zeros) so that nothing downstream can shortcut the bytes.
+  return at::randn(shape, at::TensorOptions().dtype(at::kFloat));
+}
+
+void add_param(StateDict& sd, const std::string& name, std::initializer_list<int64_t> shape) {
+  sd.insert("model." + name, filled(shape));
+  sd.insert("optim." + name + ".exp_avg", filled(shape));
+  sd.insert("optim." + name + ".exp_avg_sq", filled(shape));
+}
+
+}  // namespace
+
+StateDict gpt2_small_with_adam(double scale) {
+  at::manual_seed(0);
+  const int64_t d = std::max<int64_t>(64, static_cast<int64_t>(768 * scale));
+  const int64_t vocab = std::max<int64_t>(256, static_cast<int64_t>(50257 * scale));
+  StateDict sd;
+  add_param(sd, "wte.weight", {vocab, d});
+  add_param(sd, "wpe.weight", {1024, d});
+  for (int l = 0; l < 12; ++l) {
+    const std::string p = "h." + std::to_string(l) + ".";
+    add_param(sd, p + "ln_1.weight", {d});
+    add_param(sd, p + "ln_1.bias", {d});
+    add_param(sd, p + "attn.c_attn.weight", {d, 3 * d});
+    add_param(sd, p + "attn.c_attn.bias", {3 * d});
+    add_param(sd, p + "attn.c_proj.weight", {d, d});
+    add_param(sd, p + "attn.c_proj.bias", {d});
+    add_param(sd, p + "ln_2.weight", {d});
+    add_param(sd, p + "ln_2.bias", {d});
+    add_param(sd, p + "mlp.c_fc.weight", {d, 4 * d});
+    add_param(sd, p + "mlp.c_fc.bias", {4 * d});
+    add_param(sd, p + "mlp.c_proj.weight", {4 * d, d});
+    add_param(sd, p + "mlp.c_proj.bias", {d});
+  }
+  add_param(sd, "ln_f.weight", {d});
+  add_param(sd, "ln_f.bias", {d});
+  return sd;
+}
+
+StateDict small_tensors(int count) {
+  at::manual_seed(1);
+  StateDict sd;
+  for (int i = 0; i < count; ++i) {
+    // 1K..16K floats = 4..64 KiB, spread deterministically.
+    const int64_t elems = 1024 + (static_cast<int64_t>(i) * 7919) % (15 * 1024 + 1);
+    sd.insert("t." + std::to_string(i), at::randn({elems}));
+  }
+  return sd;
+}
+
+StateDict large_tensors(uint64_t bytes, int count) {
+  at::manual_seed(2);
+  StateDict sd;
+  const int64_t elems = static_cast<int64_t>(bytes / 4 / static_cast<uint64_t>(count));
+  for (int i = 0; i < count; ++i) sd.insert("big." + std::to_string(i), at::randn({elems}));
+  return sd;
+}
+
+}  // namespace tsnap::bench

@@ -1,0 +1,21 @@
+#pragma once
+// Model-shaped benchmark states, shared by bench programs and `tsnap bench`.
+
+#include <cstdint>
+#include <string>
+
+#include "tsnap/state_dict.h"
+
+namespace tsnap::bench {
+
+/// GPT-2 small (124M parameters) with two Adam moments per parameter: ~1.5 GB of fp32.
+/// `scale` in (0, 1] shrinks every layer's width-ish dimension for quick runs.
+StateDict gpt2_small_with_adam(double scale = 1.0);
+
+/// `count` tensors of 4-64 KiB each (fp32), deterministic sizes.
+StateDict small_tensors(int count);
+
+/// Tensors of about `bytes` in total, in `count` equal fp32 tensors.
+StateDict large_tensors(uint64_t bytes, int count);
+
+}  // namespace tsnap::bench

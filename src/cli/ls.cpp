@@ -1,0 +1,115 @@
+// `tsnap ls ROOT`: the snapshot directories under a root, committed or not.
+
+#include <CLI/CLI.hpp>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <system_error>
+
+#include "cli/commands.h"
+#include "cli/output.h"
+#include "tsnap/catalog.h"
+#include "tsnap/error.h"
+
+namespace tsnap::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct LsOptions {
+  fs::path root;
+  bool json = false;
+};
+
+const char* status_name(const Listed& entry) {
+  if (entry.committed) return "committed";
+  return entry.temporary ? "temporary" : "corrupt";
+}
+
+std::string status_text(const Listed& entry) {
+  if (entry.committed || entry.temporary) return status_name(entry);
+  return "corrupt: " + plain_message(entry.problem);
+}
+
+// Bytes of the regular files in `dir`: what an uncommitted directory occupies.
+uint64_t disk_bytes(const fs::path& dir) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code size_ec;
+    if (it->is_regular_file(size_ec)) {
+      const uint64_t size = it->file_size(size_ec);
+      if (!size_ec) total += size;
+    }
+  }
+  return total;
+}
+
+uint64_t size_of(const Listed& entry) {
+  return entry.manifest ? entry.manifest->total_bytes() : disk_bytes(entry.path);
+}
+
+nlohmann::json to_json(const Listed& entry) {
+  nlohmann::json j = {{"name", entry.name},
+                      {"path", entry.path.string()},
+                      {"status", status_name(entry)},
+                      {"bytes", size_of(entry)}};
+  if (!entry.problem.empty()) j["problem"] = plain_message(entry.problem);
+  if (const auto& m = entry.manifest) {
+    j["id"] = m->id;
+    j["created"] = m->created;
+    j["created_unix_ns"] = m->created_unix_ns;
+    j["tensors"] = m->tensors.size();
+    j["files"] = m->files.size();
+    j["world_size"] = m->world_size;
+    j["metadata"] = m->metadata;
+  }
+  return j;
+}
+
+int run_ls(const LsOptions& options) {
+  if (!fs::is_directory(options.root)) {
+    throw Error(ErrorCode::kNotFound, "not a directory: " + options.root.string());
+  }
+  const std::vector<Listed> entries = list(options.root);
+  if (options.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const Listed& entry : entries) out.push_back(to_json(entry));
+    std::cout << out.dump(2) << '\n';
+    return kExitOk;
+  }
+  if (entries.empty()) {
+    std::cerr << "no snapshots under " << options.root.string() << '\n';
+    return kExitOk;
+  }
+  Table table({"NAME", "CREATED", "SIZE", "TENSORS", "STATUS"});
+  table.set_numeric(2);
+  table.set_numeric(3);
+  for (const Listed& entry : entries) {
+    const auto& m = entry.manifest;
+    table.add_row({entry.name, m ? local_time(m->created_unix_ns) : "-",
+                   human_bytes(size_of(entry)), m ? std::to_string(m->tensors.size()) : "-",
+                   status_text(entry)});
+  }
+  table.print(std::cout);
+  return kExitOk;
+}
+
+}  // namespace
+
+Command add_ls(CLI::App& app) {
+  auto options = std::make_shared<LsOptions>();
+  CLI::App* sub = app.add_subcommand("ls", "List the snapshots under a root directory");
+  sub->footer(
+      "List every snapshot directory under ROOT, oldest first: committed snapshots, temporary "
+      "directories of unfinished saves, and directories whose manifest is missing or corrupt.");
+  sub->add_option("ROOT", options->root, "Directory that holds the snapshots")
+      ->required()
+      ->type_name("DIR");
+  sub->add_flag("--json", options->json, "Print a JSON array instead of a table");
+  return {sub, [options] { return run_ls(*options); }};
+}
+
+}  // namespace tsnap::cli

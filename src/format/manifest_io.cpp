@@ -1,0 +1,359 @@
+#include "format/manifest_io.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <climits>
+#include <cstdio>
+#include <map>
+#include <tuple>
+
+#include "format/dtype.h"
+#include "format/safetensors.h"
+#include "tsnap/error.h"
+
+namespace tsnap::format {
+namespace {
+
+using nlohmann::json;
+
+std::string hex16(uint64_t h) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016" PRIx64, h);
+  return buf;
+}
+
+/// Typed, checked access to the manifest JSON; every failure names the manifest (`label`).
+class Checker {
+ public:
+  explicit Checker(const std::string& label) : label_(label) {}
+
+  [[noreturn]] void fail(ErrorCode code, const std::string& problem) const {
+    throw FormatError(code, "" + label_ + ": " + problem);
+  }
+
+  /// `obj[key]`, which must exist and have `type` (an unsigned integer also passes as integer).
+  const json& field(const json& obj, const char* key, json::value_t type,
+                    const std::string& where) const {
+    auto it = obj.find(key);
+    if (it == obj.end()) fail(ErrorCode::kBadManifest, where + " has no \"" + key + "\"");
+    const bool ok = it->type() == type || (type == json::value_t::number_integer &&
+                                           it->type() == json::value_t::number_unsigned);
+    if (!ok) {
+      fail(ErrorCode::kBadManifest, where + ": \"" + key + "\" is " + it->type_name() +
+                                        ", expected " + json(type).type_name());
+    }
+    return *it;
+  }
+
+  std::string str(const json& obj, const char* key, const std::string& where) const {
+    return field(obj, key, json::value_t::string, where).get<std::string>();
+  }
+
+  /// A non-negative integer no larger than `max`; `what()` names it in errors (built only on
+  /// failure).
+  template <class What>
+  uint64_t uint(const json& v, uint64_t max, What what) const {
+    if (!v.is_number_unsigned() || v.get<uint64_t>() > max) {
+      fail(ErrorCode::kBadManifest,
+           what() + " must be an integer in [0, " + std::to_string(max) + "]");
+    }
+    return v.get<uint64_t>();
+  }
+
+  uint64_t uint(const json& obj, const char* key, const std::string& where,
+                uint64_t max = UINT64_MAX) const {
+    return uint(field(obj, key, json::value_t::number_integer, where), max,
+                [&] { return where + " \"" + key + "\""; });
+  }
+
+  int64_t int64(const json& obj, const char* key, const std::string& where) const {
+    const json& v = field(obj, key, json::value_t::number_integer, where);
+    if (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX) {
+      fail(ErrorCode::kBadManifest, where + " \"" + key + "\" does not fit int64");
+    }
+    return v.get<int64_t>();
+  }
+
+  /// An array of dimensions (non-negative, fitting int64).
+  std::vector<int64_t> dims(const json& obj, const char* key, const std::string& where) const {
+    const json& a = field(obj, key, json::value_t::array, where);
+    std::vector<int64_t> out;
+    out.reserve(a.size());
+    for (const auto& d : a) {
+      const size_t i = out.size();
+      out.push_back(static_cast<int64_t>(uint(
+          d, INT64_MAX, [&] { return where + " \"" + key + "\"[" + std::to_string(i) + "]"; })));
+    }
+    return out;
+  }
+
+  at::ScalarType dtype(const json& obj, const char* key, const std::string& where) const {
+    const std::string name = str(obj, key, where);
+    if (auto t = find_dtype(name)) return *t;
+    fail(ErrorCode::kBadManifest, where + ": unknown " + key + " \"" + printable(name) + "\"");
+  }
+
+ private:
+  const std::string& label_;
+};
+
+/// A file name must be one plain path component, so it stays inside the snapshot directory.
+void check_file_name(const Checker& c, const std::string& name) {
+  const bool unsafe = name.empty() || name == "." || name == ".." ||
+                      name.find_first_of(std::string("/\\\0", 3)) != std::string::npos;
+  if (unsafe) {
+    c.fail(ErrorCode::kUnsafePath, "file name \"" + printable(name) +
+                                       "\" is not a plain name inside the snapshot directory");
+  }
+}
+
+FileRecord parse_file(const Checker& c, const std::string& name, const json& j) {
+  check_file_name(c, name);
+  const std::string where = "file '" + printable(name) + "'";
+  if (!j.is_object()) c.fail(ErrorCode::kBadManifest, where + " is not an object");
+  FileRecord f;
+  f.name = name;
+  f.size = c.uint(j, "size", where);
+  f.data_offset = c.uint(j, "data_offset", where);
+  f.chunk_bytes = c.uint(j, "chunk_bytes", where);
+  if (f.data_offset == 0 || f.data_offset % kAlignment != 0 || f.data_offset > f.size) {
+    c.fail(ErrorCode::kBadManifest, where + ": data_offset " + std::to_string(f.data_offset) +
+                                        " is not a positive multiple of " +
+                                        std::to_string(kAlignment) + " within its " +
+                                        std::to_string(f.size) + " bytes");
+  }
+  if (f.chunk_bytes == 0 || f.chunk_bytes % kAlignment != 0) {
+    c.fail(ErrorCode::kBadManifest, where + ": chunk_bytes " + std::to_string(f.chunk_bytes) +
+                                        " is not a positive multiple of " +
+                                        std::to_string(kAlignment));
+  }
+  const json& hashes = c.field(j, "chunk_hashes", json::value_t::array, where);
+  const uint64_t chunks = f.size / f.chunk_bytes + (f.size % f.chunk_bytes != 0 ? 1 : 0);
+  if (hashes.size() != chunks) {
+    c.fail(ErrorCode::kBadManifest, where + " has " + std::to_string(hashes.size()) +
+                                        " chunk hashes, expected " + std::to_string(chunks) + " (" +
+                                        std::to_string(f.size) + " bytes in chunks of " +
+                                        std::to_string(f.chunk_bytes) + ")");
+  }
+  f.chunk_hashes.reserve(hashes.size());
+  for (const auto& h : hashes) {
+    const bool ok =
+        h.is_string() && h.get_ref<const std::string&>().size() == 16 &&
+        h.get_ref<const std::string&>().find_first_not_of("0123456789abcdef") == std::string::npos;
+    if (!ok) {
+      c.fail(ErrorCode::kBadManifest, where + ": chunk hash " +
+                                          std::to_string(f.chunk_hashes.size()) +
+                                          " is not 16 lowercase hex digits");
+    }
+    f.chunk_hashes.push_back(std::stoull(h.get<std::string>(), nullptr, 16));
+  }
+  return f;
+}
+
+ShardSpec parse_shard(const Checker& c, const json& j, const std::vector<int64_t>& shape,
+                      const std::string& where) {
+  if (!j.is_object()) c.fail(ErrorCode::kBadManifest, where + ": \"shard\" is not an object");
+  ShardSpec s;
+  s.global_shape = c.dims(j, "global_shape", where + " shard");
+  s.offsets = c.dims(j, "offsets", where + " shard");
+  bool ok = s.global_shape.size() == shape.size() && s.offsets.size() == shape.size();
+  for (size_t i = 0; ok && i < shape.size(); ++i) {
+    int64_t last = 0;
+    ok = !__builtin_add_overflow(s.offsets[i], shape[i], &last) && last <= s.global_shape[i];
+  }
+  if (!ok) {
+    c.fail(ErrorCode::kBadManifest, where + ": the shard does not lie inside its global shape");
+  }
+  return s;
+}
+
+TensorRecord parse_tensor(const Checker& c, const std::string& name, const json& j,
+                          const std::map<std::string, const FileRecord*>& files) {
+  const std::string where = "tensor '" + printable(name) + "'";
+  if (name.empty()) c.fail(ErrorCode::kBadManifest, "a tensor has an empty name");
+  if (!j.is_object()) c.fail(ErrorCode::kBadManifest, where + " is not an object");
+  TensorRecord t;
+  t.name = name;
+  t.file = c.str(j, "file", where);
+  auto file = files.find(t.file);
+  if (file == files.end()) {
+    c.fail(ErrorCode::kBadManifest,
+           where + " is in file '" + printable(t.file) + "', which \"files\" does not list");
+  }
+  const FileRecord& f = *file->second;
+  t.dtype = c.dtype(j, "dtype", where);
+  t.source_dtype = c.dtype(j, "source_dtype", where);
+  if (t.dtype != t.source_dtype && !(is_floating(t.dtype) && is_floating(t.source_dtype))) {
+    c.fail(ErrorCode::kBadManifest, where + ": only floating dtypes are converted, but " +
+                                        std::string(dtype_name(t.source_dtype)) +
+                                        " was stored as " + std::string(dtype_name(t.dtype)));
+  }
+  t.shape = c.dims(j, "shape", where);
+  const json& offsets = c.field(j, "offsets", json::value_t::array, where);
+  if (offsets.size() != 2) c.fail(ErrorCode::kBadManifest, where + ": \"offsets\" needs 2 values");
+  t.begin = c.uint(offsets[0], UINT64_MAX, [&] { return where + " offsets[0]"; });
+  t.end = c.uint(offsets[1], UINT64_MAX, [&] { return where + " offsets[1]"; });
+  const std::string range = "[" + std::to_string(t.begin) + ", " + std::to_string(t.end) + ")";
+  if (t.begin > t.end || t.begin < f.data_offset || t.end > f.size) {
+    c.fail(ErrorCode::kBadOffsets, where + ": offsets " + range + " lie outside the data [" +
+                                       std::to_string(f.data_offset) + ", " +
+                                       std::to_string(f.size) + ") of '" + printable(f.name) + "'");
+  }
+  const std::optional<uint64_t> nbytes = checked_nbytes(t.dtype, t.shape);
+  if (!nbytes) c.fail(ErrorCode::kBadOffsets, where + ": the byte size of its shape overflows");
+  if (*nbytes != t.nbytes()) {
+    c.fail(ErrorCode::kBadOffsets, where + ": its dtype and shape need " + std::to_string(*nbytes) +
+                                       " bytes but offsets " + range + " hold " +
+                                       std::to_string(t.nbytes()));
+  }
+  if (auto it = j.find("shard"); it != j.end()) t.shard = parse_shard(c, *it, t.shape, where);
+  return t;
+}
+
+/// No two tensors of one file share a byte.
+void check_overlaps(const Checker& c, const std::vector<TensorRecord>& tensors) {
+  std::vector<const TensorRecord*> order;
+  order.reserve(tensors.size());
+  for (const auto& t : tensors) order.push_back(&t);
+  std::sort(order.begin(), order.end(), [](const TensorRecord* a, const TensorRecord* b) {
+    return std::tie(a->file, a->begin, a->end) < std::tie(b->file, b->begin, b->end);
+  });
+  for (size_t i = 1; i < order.size(); ++i) {
+    const TensorRecord& a = *order[i - 1];
+    const TensorRecord& b = *order[i];
+    if (a.file == b.file && b.begin < a.end) {
+      c.fail(ErrorCode::kBadOffsets, "tensors '" + printable(a.name) + "' and '" +
+                                         printable(b.name) + "' overlap in '" + printable(a.file) +
+                                         "'");
+    }
+  }
+}
+
+/// weight_map maps exactly the tensors' names to their files.
+void check_weight_map(const Checker& c, const json& map, const json& jtensors,
+                      const std::vector<TensorRecord>& tensors) {
+  for (const auto& t : tensors) {
+    auto it = map.find(t.name);
+    if (it == map.end() || !it->is_string() || it->get_ref<const std::string&>() != t.file) {
+      c.fail(ErrorCode::kBadManifest, "weight_map does not map tensor '" + printable(t.name) +
+                                          "' to '" + printable(t.file) + "'");
+    }
+  }
+  for (const auto& [key, value] : map.items()) {
+    if (!jtensors.contains(key)) {
+      c.fail(ErrorCode::kBadManifest,
+             "weight_map names '" + printable(key) + "', which is not a tensor");
+    }
+  }
+}
+
+}  // namespace
+
+json manifest_to_json(const Manifest& m) {
+  if (!m.metadata.is_object()) {
+    throw InvalidArgument(ErrorCode::kInvalidArgument,
+                          std::string("manifest metadata must be a JSON object, not ") +
+                              m.metadata.type_name());
+  }
+  json files = json::object();
+  for (const auto& f : m.files) {
+    json hashes = json::array();
+    for (uint64_t h : f.chunk_hashes) hashes.push_back(hex16(h));
+    auto [it, inserted] = files.emplace(f.name, json{{"size", f.size},
+                                                     {"data_offset", f.data_offset},
+                                                     {"chunk_bytes", f.chunk_bytes},
+                                                     {"chunk_hashes", std::move(hashes)}});
+    if (!inserted) {
+      throw InvalidArgument(ErrorCode::kInvalidArgument,
+                            "manifest lists file '" + f.name + "' twice");
+    }
+  }
+  json tensors = json::object();
+  json weight_map = json::object();
+  for (const auto& t : m.tensors) {
+    json rec = {{"file", t.file},
+                {"dtype", std::string(dtype_name(t.dtype))},
+                {"source_dtype", std::string(dtype_name(t.source_dtype))},
+                {"shape", t.shape},
+                {"offsets", {t.begin, t.end}}};
+    if (t.shard) {
+      rec["shard"] = {{"global_shape", t.shard->global_shape}, {"offsets", t.shard->offsets}};
+    }
+    if (!tensors.emplace(t.name, std::move(rec)).second) {
+      throw InvalidArgument(ErrorCode::kInvalidArgument,
+                            "manifest lists tensor '" + t.name + "' twice");
+    }
+    weight_map[t.name] = t.file;
+  }
+  return {{"format", kFormatName},
+          {"format_version", m.format_version},
+          {"id", m.id},
+          {"tsnap_version", m.tsnap_version},
+          {"torch_version", m.torch_version},
+          {"created", m.created},
+          {"created_unix_ns", m.created_unix_ns},
+          {"world_size", m.world_size},
+          {"metadata", m.metadata},
+          {"files", std::move(files)},
+          {"tensors", std::move(tensors)},
+          {"weight_map", std::move(weight_map)}};
+}
+
+Manifest parse_manifest(std::string_view text, const std::string& label) {
+  const Checker c(label);
+  json root;
+  try {
+    root = json::parse(text);
+  } catch (const json::exception& e) {
+    c.fail(ErrorCode::kBadManifest, "not valid JSON: " + printable(e.what(), 200));
+  }
+  if (!root.is_object()) c.fail(ErrorCode::kBadManifest, "not a JSON object");
+
+  // The format and its version come first: a newer version may change every other field.
+  const std::string where = "manifest";
+  const std::string format = c.str(root, "format", where);
+  if (format != kFormatName) {
+    c.fail(ErrorCode::kUnsupportedFormat,
+           "format is \"" + printable(format) + "\", not \"" + kFormatName + "\"");
+  }
+  const int64_t version = c.int64(root, "format_version", where);
+  if (version > kFormatVersion) {
+    c.fail(ErrorCode::kUnsupportedFormat, "written in format version " + std::to_string(version) +
+                                              "; this tsnap reads format versions up to " +
+                                              std::to_string(kFormatVersion));
+  }
+  if (version < 1) {
+    c.fail(ErrorCode::kBadManifest, "format_version " + std::to_string(version) + " is not valid");
+  }
+
+  Manifest m;
+  m.format_version = static_cast<int>(version);
+  m.id = c.str(root, "id", where);
+  if (m.id.empty()) c.fail(ErrorCode::kBadManifest, "\"id\" is empty");
+  m.tsnap_version = c.str(root, "tsnap_version", where);
+  m.torch_version = c.str(root, "torch_version", where);
+  m.created = c.str(root, "created", where);
+  m.created_unix_ns = c.int64(root, "created_unix_ns", where);
+  m.world_size = static_cast<int>(c.uint(root, "world_size", where, INT_MAX));
+  if (m.world_size < 1) c.fail(ErrorCode::kBadManifest, "\"world_size\" must be at least 1");
+  m.metadata = c.field(root, "metadata", json::value_t::object, where);
+
+  std::map<std::string, const FileRecord*> files;
+  const json& jfiles = c.field(root, "files", json::value_t::object, where);
+  m.files.reserve(jfiles.size());  // No reallocation below: `files` points into m.files.
+  for (const auto& [name, j] : jfiles.items()) {
+    m.files.push_back(parse_file(c, name, j));
+    files.emplace(name, &m.files.back());
+  }
+  const json& jtensors = c.field(root, "tensors", json::value_t::object, where);
+  m.tensors.reserve(jtensors.size());
+  for (const auto& [name, j] : jtensors.items()) {
+    m.tensors.push_back(parse_tensor(c, name, j, files));
+  }
+  check_overlaps(c, m.tensors);
+  check_weight_map(c, c.field(root, "weight_map", json::value_t::object, where), jtensors,
+                   m.tensors);
+  return m;
+}
+
+}  // namespace tsnap::format

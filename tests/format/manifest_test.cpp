@@ -1,0 +1,396 @@
+// Tests of MANIFEST.json (src/format/manifest_io.h, tsnap/manifest.h).
+
+#include "tsnap/manifest.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "format/manifest_io.h"
+#include "support/test_util.h"
+#include "tsnap/error.h"
+
+namespace tsnap::format {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using tsnap::testing::TempDir;
+
+constexpr const char* kLabel = "snapshots/step-100/MANIFEST.json";
+constexpr const char* kShard0 = "shard-00000-of-00002.safetensors";
+constexpr const char* kShard1 = "shard-00001-of-00002.safetensors";
+
+/// Two shards: shard 0 holds "layer.bias" (F32 [5]) then "layer.weight" (BF16 [4, 5], saved
+/// from F32, one rank's half of an [8, 5] tensor); shard 1 holds "step" (I64 scalar).
+Manifest sample() {
+  Manifest m;
+  m.id = "20261129T180000-1a2b";
+  m.tsnap_version = "0.1.0";
+  m.torch_version = "1.13.1";
+  m.created = "2026-11-29T18:00:00.123Z";
+  m.created_unix_ns = 1795975200123000000;
+  m.world_size = 2;
+  m.metadata = {{"epoch", 3}, {"optimizer", {{"lr", 0.25}, {"betas", {0.9, 0.999}}}}};
+  m.files = {
+      {kShard0, 4156, 4096, 4096, {0x0123456789abcdefull, 0xffull}},
+      {kShard1, 4104, 4096, 8192, {0xfedcba9876543210ull}},
+  };
+  m.tensors = {
+      {"layer.bias", kShard0, at::kFloat, at::kFloat, {5}, 4096, 4116, std::nullopt},
+      {"layer.weight",
+       kShard0,
+       at::kBFloat16,
+       at::kFloat,
+       {4, 5},
+       4116,
+       4156,
+       ShardSpec{{8, 5}, {4, 0}}},
+      {"step", kShard1, at::kLong, at::kLong, {}, 4096, 4104, std::nullopt},
+  };
+  return m;
+}
+
+void expect_same(const Manifest& a, const Manifest& b) {
+  EXPECT_EQ(a.format_version, b.format_version);
+  EXPECT_EQ(a.id, b.id);
+  EXPECT_EQ(a.tsnap_version, b.tsnap_version);
+  EXPECT_EQ(a.torch_version, b.torch_version);
+  EXPECT_EQ(a.created, b.created);
+  EXPECT_EQ(a.created_unix_ns, b.created_unix_ns);
+  EXPECT_EQ(a.world_size, b.world_size);
+  EXPECT_EQ(a.metadata, b.metadata);
+  ASSERT_EQ(a.files.size(), b.files.size());
+  for (size_t i = 0; i < a.files.size(); ++i) {
+    EXPECT_EQ(a.files[i].name, b.files[i].name);
+    EXPECT_EQ(a.files[i].size, b.files[i].size);
+    EXPECT_EQ(a.files[i].data_offset, b.files[i].data_offset);
+    EXPECT_EQ(a.files[i].chunk_bytes, b.files[i].chunk_bytes);
+    EXPECT_EQ(a.files[i].chunk_hashes, b.files[i].chunk_hashes);
+  }
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    const TensorRecord& x = a.tensors[i];
+    const TensorRecord& y = b.tensors[i];
+    EXPECT_EQ(x.name, y.name);
+    EXPECT_EQ(x.file, y.file) << x.name;
+    EXPECT_EQ(x.dtype, y.dtype) << x.name;
+    EXPECT_EQ(x.source_dtype, y.source_dtype) << x.name;
+    EXPECT_EQ(x.shape, y.shape) << x.name;
+    EXPECT_EQ(x.begin, y.begin) << x.name;
+    EXPECT_EQ(x.end, y.end) << x.name;
+    EXPECT_EQ(x.shard, y.shard) << x.name;
+  }
+}
+
+/// Expects the sample manifest, changed by `mutate`, to be rejected with `code` and a message
+/// naming the manifest and containing `detail`.
+void expect_rejected(const std::function<void(json&)>& mutate, ErrorCode code,
+                     const std::string& detail = "") {
+  json j = manifest_to_json(sample());
+  mutate(j);
+  try {
+    parse_manifest(j.dump(), kLabel);
+    ADD_FAILURE() << "accepted a bad manifest; expected " << to_string(code);
+  } catch (const FormatError& e) {
+    EXPECT_EQ(e.code(), code) << "got " << to_string(e.code()) << ": " << e.what();
+    const std::string what = e.what();
+    EXPECT_NE(what.find(kLabel), std::string::npos) << what;
+    EXPECT_NE(what.find(detail), std::string::npos) << "'" << detail << "' not in: " << what;
+  }
+}
+
+void expect_text_rejected(const std::string& text, ErrorCode code) {
+  try {
+    parse_manifest(text, kLabel);
+    ADD_FAILURE() << "accepted " << text;
+  } catch (const FormatError& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    EXPECT_NE(std::string(e.what()).find(kLabel), std::string::npos) << e.what();
+  }
+}
+
+TEST(Manifest, JsonLayout) {
+  const json j = manifest_to_json(sample());
+  EXPECT_EQ(j["format"], "tsnap");
+  EXPECT_EQ(j["format_version"], 1);
+  EXPECT_EQ(j["id"], "20261129T180000-1a2b");
+  EXPECT_EQ(j["created_unix_ns"], 1795975200123000000);
+  EXPECT_EQ(j["world_size"], 2);
+  EXPECT_EQ(j["metadata"]["optimizer"]["lr"], 0.25);
+  const json& f = j["files"][kShard0];
+  EXPECT_EQ(f["size"], 4156);
+  EXPECT_EQ(f["data_offset"], 4096);
+  EXPECT_EQ(f["chunk_bytes"], 4096);
+  EXPECT_EQ(f["chunk_hashes"], json({"0123456789abcdef", "00000000000000ff"}));
+  const json& w = j["tensors"]["layer.weight"];
+  EXPECT_EQ(w["file"], kShard0);
+  EXPECT_EQ(w["dtype"], "BF16");
+  EXPECT_EQ(w["source_dtype"], "F32");
+  EXPECT_EQ(w["shape"], json({4, 5}));
+  EXPECT_EQ(w["offsets"], json({4116, 4156}));
+  EXPECT_EQ(w["shard"], json({{"global_shape", {8, 5}}, {"offsets", {4, 0}}}));
+  EXPECT_FALSE(j["tensors"]["layer.bias"].contains("shard"));
+  EXPECT_EQ(j["tensors"]["step"]["shape"], json::array());
+  EXPECT_EQ(j["weight_map"],
+            json({{"layer.bias", kShard0}, {"layer.weight", kShard0}, {"step", kShard1}}));
+}
+
+TEST(Manifest, RoundTripsThroughJson) {
+  const Manifest m = sample();
+  expect_same(parse_manifest(manifest_to_json(m).dump(2), kLabel), m);
+  // Also with an empty snapshot.
+  Manifest empty = sample();
+  empty.files.clear();
+  empty.tensors.clear();
+  empty.metadata = json::object();
+  expect_same(parse_manifest(manifest_to_json(empty).dump(), kLabel), empty);
+}
+
+TEST(Manifest, Lookups) {
+  const Manifest m = sample();
+  ASSERT_NE(m.find("layer.weight"), nullptr);
+  EXPECT_EQ(m.find("layer.weight")->numel(), 20);
+  EXPECT_EQ(m.find("layer.weight")->nbytes(), 40u);
+  EXPECT_EQ(m.find("step")->numel(), 1);
+  EXPECT_EQ(m.find("nope"), nullptr);
+  ASSERT_NE(m.find_file(kShard1), nullptr);
+  EXPECT_EQ(m.find_file(kShard1)->chunk_bytes, 8192u);
+  EXPECT_EQ(m.find_file("nope"), nullptr);
+  EXPECT_EQ(m.total_bytes(), 4156u + 4104u);
+}
+
+TEST(Manifest, ToJsonRejectsDuplicatesAndNonObjectMetadata) {
+  Manifest m = sample();
+  m.tensors.push_back(m.tensors.front());
+  EXPECT_THROW(manifest_to_json(m), InvalidArgument);
+  m = sample();
+  m.files.push_back(m.files.front());
+  EXPECT_THROW(manifest_to_json(m), InvalidArgument);
+  m = sample();
+  m.metadata = json::array();
+  EXPECT_THROW(manifest_to_json(m), InvalidArgument);
+}
+
+TEST(Manifest, ReadsFromDirectory) {
+  TempDir dir;
+  std::ofstream(dir.path() / kManifestName) << manifest_to_json(sample()).dump(2);
+  expect_same(read_manifest(dir.path()), sample());
+}
+
+TEST(Manifest, MissingManifestIsNotFound) {
+  TempDir dir;
+  try {
+    read_manifest(dir.path());
+    ADD_FAILURE() << "read a missing manifest";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNotFound);
+    EXPECT_NE(std::string(e.what()).find((dir.path() / kManifestName).string()), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Manifest, ReadCapsTheSize) {
+  TempDir dir;
+  const fs::path path = dir.path() / kManifestName;
+  std::ofstream(path).close();
+  // A sparse file just over the cap: rejected from its size, never read.
+  fs::resize_file(path, kMaxManifestBytes + 1);
+  try {
+    read_manifest(dir.path());
+    ADD_FAILURE() << "read an oversized manifest";
+  } catch (const FormatError& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kBadManifest);
+    EXPECT_NE(std::string(e.what()).find("cap"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+  }
+}
+
+TEST(Manifest, ReadNamesTheFileInParseErrors) {
+  TempDir dir;
+  std::ofstream(dir.path() / kManifestName) << "{\"format\": \"tsnap\"";
+  try {
+    read_manifest(dir.path());
+    ADD_FAILURE() << "read a truncated manifest";
+  } catch (const FormatError& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kBadManifest);
+    EXPECT_NE(std::string(e.what()).find((dir.path() / kManifestName).string()), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Manifest, RejectsBadJson) {
+  expect_text_rejected("", ErrorCode::kBadManifest);
+  expect_text_rejected("{\"format\": ", ErrorCode::kBadManifest);
+  expect_text_rejected("[]", ErrorCode::kBadManifest);
+  expect_text_rejected("\"tsnap\"", ErrorCode::kBadManifest);
+}
+
+TEST(Manifest, RejectsUnsafeFileNames) {
+  const std::vector<std::string> names = {
+      "../x",         "a/b", "/etc/passwd", "", ".", "..", "..\\x", "a\\b", std::string("a\0b", 3),
+      "shard/../../x"};
+  for (const std::string& name : names) {
+    SCOPED_TRACE(name);
+    expect_rejected(
+        [&](json& j) {
+          j["files"][name] = j["files"][kShard1];
+          j["files"].erase(kShard1);
+          j["tensors"]["step"]["file"] = name;
+          j["weight_map"]["step"] = name;
+        },
+        ErrorCode::kUnsafePath, "is not a plain name");
+  }
+}
+
+TEST(Manifest, RejectsNewerFormatVersion) {
+  expect_rejected([](json& j) { j["format_version"] = 2; }, ErrorCode::kUnsupportedFormat,
+                  "written in format version 2; this tsnap reads format versions up to 1");
+  // A newer version is reported as such even if the rest looks nothing like v1.
+  expect_text_rejected(R"({"format": "tsnap", "format_version": 7, "shards": []})",
+                       ErrorCode::kUnsupportedFormat);
+  expect_rejected([](json& j) { j["format"] = "torchsnapshot"; }, ErrorCode::kUnsupportedFormat,
+                  "\"torchsnapshot\"");
+  expect_rejected([](json& j) { j["format_version"] = 0; }, ErrorCode::kBadManifest,
+                  "format_version 0");
+  expect_rejected([](json& j) { j["format_version"] = "1"; }, ErrorCode::kBadManifest,
+                  "\"format_version\" is string");
+}
+
+TEST(Manifest, RejectsMissingOrMistypedFields) {
+  for (const char* key :
+       {"format", "id", "tsnap_version", "torch_version", "created", "created_unix_ns",
+        "world_size", "metadata", "files", "tensors", "weight_map"}) {
+    SCOPED_TRACE(key);
+    expect_rejected([&](json& j) { j.erase(key); }, ErrorCode::kBadManifest,
+                    std::string("has no \"") + key + "\"");
+  }
+  expect_rejected([](json& j) { j["id"] = ""; }, ErrorCode::kBadManifest, "\"id\" is empty");
+  expect_rejected([](json& j) { j["world_size"] = "2"; }, ErrorCode::kBadManifest, "world_size");
+  expect_rejected([](json& j) { j["world_size"] = 0; }, ErrorCode::kBadManifest, "world_size");
+  expect_rejected([](json& j) { j["created_unix_ns"] = 1.5; }, ErrorCode::kBadManifest,
+                  "created_unix_ns");
+  expect_rejected([](json& j) { j["metadata"] = json::array(); }, ErrorCode::kBadManifest,
+                  "\"metadata\" is array");
+  expect_rejected([](json& j) { j["files"][kShard0]["size"] = -1; }, ErrorCode::kBadManifest,
+                  "\"size\"");
+  expect_rejected([](json& j) { j["tensors"]["step"]["shape"] = {-1}; }, ErrorCode::kBadManifest,
+                  "\"shape\"[0]");
+  expect_rejected([](json& j) { j["tensors"]["step"]["dtype"] = "C64"; }, ErrorCode::kBadManifest,
+                  "unknown dtype \"C64\"");
+  expect_rejected([](json& j) { j["tensors"]["step"]["offsets"] = {4096}; },
+                  ErrorCode::kBadManifest, "\"offsets\" needs 2 values");
+  expect_rejected([](json& j) { j["tensors"]["step"].erase("source_dtype"); },
+                  ErrorCode::kBadManifest, "tensor 'step' has no \"source_dtype\"");
+}
+
+TEST(Manifest, RejectsChunkHashMismatch) {
+  expect_rejected([](json& j) { j["files"][kShard0]["chunk_hashes"].erase(1); },
+                  ErrorCode::kBadManifest, "has 1 chunk hashes, expected 2");
+  expect_rejected(
+      [](json& j) { j["files"][kShard1]["chunk_hashes"].push_back("0000000000000000"); },
+      ErrorCode::kBadManifest, "expected 1");
+  expect_rejected([](json& j) { j["files"][kShard0]["chunk_hashes"][0] = "0123456789ABCDEF"; },
+                  ErrorCode::kBadManifest, "16 lowercase hex digits");
+  expect_rejected([](json& j) { j["files"][kShard0]["chunk_hashes"][0] = "123"; },
+                  ErrorCode::kBadManifest, "16 lowercase hex digits");
+  expect_rejected([](json& j) { j["files"][kShard0]["chunk_hashes"][0] = 12; },
+                  ErrorCode::kBadManifest, "16 lowercase hex digits");
+}
+
+TEST(Manifest, RejectsBadChunkSizeAndDataOffset) {
+  expect_rejected([](json& j) { j["files"][kShard0]["chunk_bytes"] = 0; }, ErrorCode::kBadManifest,
+                  "chunk_bytes 0");
+  expect_rejected([](json& j) { j["files"][kShard0]["chunk_bytes"] = 1000; },
+                  ErrorCode::kBadManifest, "chunk_bytes 1000");
+  expect_rejected([](json& j) { j["files"][kShard0]["data_offset"] = 100; },
+                  ErrorCode::kBadManifest, "data_offset 100");
+  expect_rejected([](json& j) { j["files"][kShard0]["data_offset"] = 8192; },
+                  ErrorCode::kBadManifest, "data_offset 8192");
+}
+
+TEST(Manifest, RejectsTensorInUnlistedFile) {
+  expect_rejected(
+      [](json& j) {
+        j["tensors"]["step"]["file"] = "shard-00009.safetensors";
+        j["weight_map"]["step"] = "shard-00009.safetensors";
+      },
+      ErrorCode::kBadManifest, "tensor 'step' is in file 'shard-00009.safetensors'");
+}
+
+TEST(Manifest, RejectsOffsetsOutsideTheData) {
+  expect_rejected(
+      [](json& j) {
+        j["tensors"]["step"]["offsets"] = {4088, 4096};
+      },
+      ErrorCode::kBadOffsets, "tensor 'step': offsets [4088, 4096) lie outside");
+  expect_rejected(
+      [](json& j) {
+        j["tensors"]["step"]["offsets"] = {4100, 4108};
+      },
+      ErrorCode::kBadOffsets, "[4096, 4104)");
+  expect_rejected(
+      [](json& j) {
+        j["tensors"]["step"]["offsets"] = {4104, 4096};
+      },
+      ErrorCode::kBadOffsets, "[4104, 4096)");
+}
+
+TEST(Manifest, RejectsShapeByteMismatchAndOverflow) {
+  expect_rejected(
+      [](json& j) {
+        j["tensors"]["layer.weight"]["shape"] = {5, 5};
+      },
+      ErrorCode::kBadOffsets, "need 50 bytes but offsets [4116, 4156) hold 40");
+  expect_rejected(
+      [](json& j) {
+        j["tensors"]["layer.weight"]["shape"] = {int64_t{1} << 62, 8};
+        j["tensors"]["layer.weight"].erase("shard");
+      },
+      ErrorCode::kBadOffsets, "overflows");
+}
+
+TEST(Manifest, RejectsOverlappingTensors) {
+  expect_rejected(
+      [](json& j) {
+        j["tensors"]["layer.weight"]["offsets"] = {4110, 4150};
+      },
+      ErrorCode::kBadOffsets, "tensors 'layer.bias' and 'layer.weight' overlap");
+}
+
+TEST(Manifest, RejectsInconsistentWeightMap) {
+  expect_rejected([](json& j) { j["weight_map"]["step"] = kShard0; }, ErrorCode::kBadManifest,
+                  "weight_map does not map tensor 'step'");
+  expect_rejected([](json& j) { j["weight_map"].erase("layer.bias"); }, ErrorCode::kBadManifest,
+                  "'layer.bias'");
+  expect_rejected([](json& j) { j["weight_map"]["ghost"] = kShard0; }, ErrorCode::kBadManifest,
+                  "weight_map names 'ghost'");
+}
+
+TEST(Manifest, RejectsCastIntegerTensors) {
+  expect_rejected([](json& j) { j["tensors"]["step"]["source_dtype"] = "F64"; },
+                  ErrorCode::kBadManifest, "F64 was stored as I64");
+}
+
+TEST(Manifest, RejectsShardOutsideGlobalShape) {
+  expect_rejected(
+      [](json& j) {
+        j["tensors"]["layer.weight"]["shard"]["offsets"] = {5, 0};
+      },
+      ErrorCode::kBadManifest, "shard does not lie inside");
+  expect_rejected([](json& j) { j["tensors"]["layer.weight"]["shard"]["global_shape"] = {8}; },
+                  ErrorCode::kBadManifest, "shard does not lie inside");
+  expect_rejected(
+      [](json& j) {
+        j["tensors"]["layer.weight"]["shard"]["offsets"] = {INT64_MAX, 0};
+        j["tensors"]["layer.weight"]["shard"]["global_shape"] = {INT64_MAX, 5};
+      },
+      ErrorCode::kBadManifest, "shard does not lie inside");
+}
+
+}  // namespace
+}  // namespace tsnap::format
