@@ -71,7 +71,8 @@ struct IsModuleHandle<Handle, std::void_t<decltype(static_cast<const torch::nn::
                                   *std::declval<const Handle&>()))>> : std::true_type {};
 }  // namespace detail
 
-/// Binds `optimizer` to `module`: `tsnap::bind(opt, model)`.
+/// Binds `optimizer` to `module`: `tsnap::bind(opt, model)`. Call it qualified: argument-dependent
+/// lookup also finds `std::bind` (nn::Module derives from std::enable_shared_from_this).
 inline OptimizerBinding bind(torch::optim::Optimizer& optimizer, const torch::nn::Module& module) {
   return {&optimizer, &module};
 }

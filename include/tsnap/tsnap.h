@@ -1,0 +1,18 @@
+#pragma once
+/// \file
+/// The umbrella header: everything tsnap offers. Include single headers to compile faster.
+
+#include "tsnap/apply_report.h"
+#include "tsnap/catalog.h"
+#include "tsnap/checkpoint.h"
+#include "tsnap/error.h"
+#include "tsnap/load.h"
+#include "tsnap/manifest.h"
+#include "tsnap/model_state.h"
+#include "tsnap/optimizer_state.h"
+#include "tsnap/rng_state.h"
+#include "tsnap/save.h"
+#include "tsnap/save_handle.h"
+#include "tsnap/save_options.h"
+#include "tsnap/snapshotter.h"
+#include "tsnap/state_dict.h"
