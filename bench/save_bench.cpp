@@ -250,7 +250,7 @@ int main(int argc, char** argv) {
   std::vector<uint8_t> warm(f32_bytes);
   std::memset(warm.data(), 1, warm.size());
 
-  Series raw, f32_total, f32_stall, bf16_total, bf16_stall, copy_f32, copy_bf16, torch_t;
+  Series raw, f32_total, f32_stall, f32_stage, bf16_total, bf16_stall, copy_f32, copy_bf16, torch_t;
   double last_bytes_f32 = 0, last_bytes_bf16 = 0;
   for (int r = 0; r < args.reps; ++r) {
     std::printf("rep %d/%d: raw", r + 1, args.reps);
@@ -263,6 +263,7 @@ int main(int argc, char** argv) {
     h.wait();
     f32_total.add(h.stats().total_s);
     f32_stall.add(h.stats().stall_s);
+    f32_stage.add(h.stats().stage_s);
     last_bytes_f32 = h.stats().bytes;
     std::printf(" tsnap-bf16");
     std::fflush(stdout);
@@ -290,6 +291,7 @@ int main(int argc, char** argv) {
   row("tsnap save bf16 (durable)", bf16_total, last_bytes_bf16);
   row("tsnap stall fp32", f32_stall, f32_bytes);
   row("tsnap stall bf16", bf16_stall, bf16_bytes);
+  row("  of which staging copy fp32", f32_stage, f32_bytes);
   row("memcpy 2 threads fp32 bytes", copy_f32, f32_bytes);
   row("memcpy 2 threads bf16 bytes", copy_bf16, bf16_bytes);
   if (args.torch) row("torch::save + fsync", torch_t, f32_bytes);

@@ -94,7 +94,7 @@ void SaveJob::stage() {
   const Clock::time_point t0 = Clock::now();
   std::exception_ptr stage_error;
   try {
-    std::vector<std::vector<at::Tensor>> sources;
+    std::vector<stage::Sources> sources;
     sources.reserve(plan_.files.size());
     for (const plan::PlannedFile& file : plan_.files) {
       sources.push_back(stage::prepare_sources(file));
@@ -122,7 +122,7 @@ void SaveJob::stage() {
   release_token();
 }
 
-void SaveJob::stage_chunk(size_t index, const std::vector<std::vector<at::Tensor>>& sources) {
+void SaveJob::stage_chunk(size_t index, const std::vector<stage::Sources>& sources) {
   const plan::ChunkRef ref = plan_.chunks[index];
   const plan::PlannedFile& file = plan_.files[ref.file];
   stage::StagingPool& pool = *res_.pool;
@@ -138,7 +138,6 @@ void SaveJob::stage_chunk(size_t index, const std::vector<std::vector<at::Tensor
     pool.release(buf);
     throw;  // tbb rethrows it on the staging thread, which fails the job
   }
-  hashes_[ref.file][ref.chunk] = format::hash64(data, len);
   uint64_t write_len = len;
   if (res_.direct && len % kBlock != 0) {
     // O_DIRECT writes whole blocks: zero the tail; the file is truncated to size at commit.
@@ -149,11 +148,17 @@ void SaveJob::stage_chunk(size_t index, const std::vector<std::vector<at::Tensor
   ++pending_;
   int64_t expected = 0;
   first_write_ns_.compare_exchange_strong(expected, now_ns());
+  // The chunk is hashed when its write completes, on the engine's thread, while the buffer is
+  // still ours: the hash overlaps the I/O instead of lengthening the caller's stall.
   auto self = shared_from_this();
   res_.engine->write(fds_[ref.file], data, write_len, offset, buf,
-                     [self, buf, f = ref.file, offset](int rc) {
+                     [self, buf, ref, offset, len](int rc) {
+                       if (rc == 0) {
+                         self->hashes_[ref.file][ref.chunk] =
+                             format::hash64(self->res_.pool->data(buf), len);
+                       }
                        self->res_.pool->release(buf);
-                       self->write_done(f, offset, rc);
+                       self->write_done(ref.file, offset, rc);
                      });
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // One save from plan to commit: stages every chunk (eager on the caller's thread, or lazy on
-// the blocking pool), hands each staged buffer to the engine, and when the last write
+// the blocking pool), hands each staged buffer to the engine, hashes it (XXH3-64) when its
+// write completes (overlapping I/O, off the caller's stall), and when the last write
 // completes, commits on the blocking pool (or cleans up after an error) and completes the
 // handle. Owned by shared_ptr: the engine callbacks keep it alive.
 
@@ -18,6 +19,7 @@
 #include "pipeline/resources.h"
 #include "pipeline/save_state.h"
 #include "plan/plan.h"
+#include "stage/fill.h"
 
 namespace tsnap::pipeline {
 
@@ -38,7 +40,7 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   const std::shared_ptr<detail::SaveState>& state() const { return state_; }
 
  private:
-  void stage_chunk(size_t index, const std::vector<std::vector<at::Tensor>>& sources);
+  void stage_chunk(size_t index, const std::vector<stage::Sources>& sources);
   void write_done(uint32_t file, uint64_t offset, int rc);
   void fail(std::exception_ptr e);
   void release_token();

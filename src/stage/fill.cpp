@@ -1,6 +1,8 @@
 #include "stage/fill.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
@@ -21,24 +23,34 @@ struct Piece {
 
 }  // namespace
 
-std::vector<at::Tensor> prepare_sources(const plan::PlannedFile& file) {
-  std::vector<at::Tensor> out;
-  out.reserve(file.tensors.size());
+Sources prepare_sources(const plan::PlannedFile& file) {
+  Sources out;
+  out.tensors.reserve(file.tensors.size());
   for (const plan::PlannedTensor& t : file.tensors) {
     at::Tensor src = t.source;
     if (!src.device().is_cpu()) {
-      // Convert on the device (one pass there), copy slices to the host chunk by chunk.
+      // Convert on the device (one pass there); slices go to the host chunk by chunk.
       src = src.to(t.dtype).contiguous();
+      const c10::Device device = src.device();
+      const bool seen = std::any_of(out.ready.begin(), out.ready.end(),
+                                    [&](const auto& r) { return r.first == device; });
+      if (!seen) out.ready.emplace_back(device, nullptr);
     } else if (!src.is_contiguous()) {
       src = src.contiguous();
     }
-    out.push_back(std::move(src));
+    out.tensors.push_back(std::move(src));
+  }
+  // Side streams must see the values as of now: an event after the work queued so far.
+  for (auto& [device, event] : out.ready) {
+    c10::impl::VirtualGuardImpl impl(device.type());
+    event = std::make_shared<c10::Event>(device.type());
+    event->record(impl.getStream(device));
   }
   return out;
 }
 
-uint64_t fill_chunk(const plan::PlannedFile& file, const std::vector<at::Tensor>& sources,
-                    uint64_t chunk, uint8_t* buf) {
+uint64_t fill_chunk(const plan::PlannedFile& file, const Sources& sources, uint64_t chunk,
+                    uint8_t* buf) {
   const uint64_t lo = file.chunk_begin(chunk);
   const uint64_t hi = file.chunk_end(chunk);
   if (lo < file.data_offset) {
@@ -65,22 +77,42 @@ uint64_t fill_chunk(const plan::PlannedFile& file, const std::vector<at::Tensor>
     }
   }
 
+  // Device pieces: queue non-blocking copies on a side stream per device, wait at the end.
+  std::vector<c10::Stream> streams;
+  for (const Piece& p : pieces) {
+    const at::Tensor& src = sources.tensors[p.tensor];
+    if (src.device().is_cpu()) continue;
+    const c10::Device device = src.device();
+    c10::impl::VirtualGuardImpl impl(device.type());
+    auto it = std::find_if(streams.begin(), streams.end(),
+                           [&](const c10::Stream& s) { return s.device() == device; });
+    if (it == streams.end()) {
+      streams.push_back(impl.getStreamFromGlobalPool(device));
+      it = streams.end() - 1;
+      for (const auto& [d, event] : sources.ready) {
+        if (d == device) event->block(*it);
+      }
+    }
+    c10::StreamGuard guard(*it);
+    at::Tensor host = at::from_blob(buf + p.dst, {static_cast<int64_t>(p.count)},
+                                    at::TensorOptions().dtype(file.tensors[p.tensor].dtype));
+    host.copy_(src.reshape({-1}).narrow(0, static_cast<int64_t>(p.elem0),
+                                        static_cast<int64_t>(p.count)),
+               /*non_blocking=*/true);
+  }
+
   tbb::parallel_for(size_t{0}, pieces.size(), [&](size_t i) {
     const Piece& p = pieces[i];
-    const plan::PlannedTensor& t = file.tensors[p.tensor];
-    const at::Tensor& src = sources[p.tensor];
-    uint8_t* dst = buf + p.dst;
-    if (src.device().is_cpu()) {
-      const auto* base = static_cast<const uint8_t*>(src.data_ptr());
-      convert(base + p.elem0 * src.element_size(), src.scalar_type(), dst, t.dtype, p.count);
-    } else {
-      // Device tensor already in the stored dtype: a device-to-host copy of the slice.
-      at::Tensor host = at::from_blob(dst, {static_cast<int64_t>(p.count)},
-                                      at::TensorOptions().dtype(t.dtype));
-      host.copy_(src.reshape({-1}).narrow(0, static_cast<int64_t>(p.elem0),
-                                          static_cast<int64_t>(p.count)));
-    }
+    const at::Tensor& src = sources.tensors[p.tensor];
+    if (!src.device().is_cpu()) return;
+    const auto* base = static_cast<const uint8_t*>(src.data_ptr());
+    convert(base + p.elem0 * src.element_size(), src.scalar_type(), buf + p.dst,
+            file.tensors[p.tensor].dtype, p.count);
   });
+
+  for (const c10::Stream& s : streams) {
+    c10::impl::VirtualGuardImpl(s.device_type()).synchronizeStream(s);
+  }
   return hi - lo;
 }
 

@@ -32,6 +32,9 @@ StagingPool::StagingPool(size_t count, size_t buffer_bytes, bool pinned)
                         " bytes: " + std::strerror(e), e);
     }
     base = static_cast<uint8_t*>(p);
+    // Huge pages where the kernel offers them: faster pre-faulting, fewer TLB misses while
+    // staging. Advisory; ignored where unsupported.
+    (void)madvise(p, total, MADV_HUGEPAGE);
   }
   // Pre-fault every page now, so that no save pays for page faults (slow on this VM).
   std::memset(base, 0, total);
