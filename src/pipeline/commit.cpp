@@ -24,6 +24,7 @@
 #include <mutex>
 #include <system_error>
 
+#include "common/remove_tree.h"
 #include "common/sys_error.h"
 #include "tsnap/error.h"
 #include "tsnap/manifest.h"
@@ -93,8 +94,7 @@ uint64_t commit_directory(io::Engine& engine, const CommitPaths& paths,
 }
 
 void remove_temporary(const std::string& path) noexcept {
-  std::error_code ec;
-  std::filesystem::remove_all(path, ec);
+  (void)detail::remove_tree(path);
 }
 
 }  // namespace tsnap::pipeline

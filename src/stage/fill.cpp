@@ -15,10 +15,10 @@ namespace tsnap::stage {
 namespace {
 
 struct Piece {
-  size_t tensor;      // index into file.tensors
-  uint64_t elem0;     // first stored element
-  uint64_t count;     // elements
-  uint64_t dst;       // offset in the chunk buffer
+  size_t tensor;   // index into file.tensors
+  uint64_t elem0;  // first stored element
+  uint64_t count;  // elements
+  uint64_t dst;    // offset in the chunk buffer
 };
 
 }  // namespace
@@ -58,9 +58,9 @@ uint64_t fill_chunk(const plan::PlannedFile& file, const Sources& sources, uint6
   }
 
   // Tensors overlapping [lo, hi): the first is the one whose end lies beyond lo.
-  auto first = std::upper_bound(
-      file.tensors.begin(), file.tensors.end(), lo,
-      [](uint64_t off, const plan::PlannedTensor& t) { return off < t.end; });
+  auto first =
+      std::upper_bound(file.tensors.begin(), file.tensors.end(), lo,
+                       [](uint64_t off, const plan::PlannedTensor& t) { return off < t.end; });
   std::vector<Piece> pieces;
   for (auto it = first; it != file.tensors.end() && it->begin < hi; ++it) {
     const uint64_t a = std::max(lo, it->begin);
@@ -72,8 +72,8 @@ uint64_t fill_chunk(const plan::PlannedFile& file, const Sources& sources, uint6
     const uint64_t e_end = (b - it->begin) / esz;
     for (uint64_t e = e_begin; e < e_end; e += per_piece) {
       const uint64_t n = std::min(per_piece, e_end - e);
-      pieces.push_back({static_cast<size_t>(it - file.tensors.begin()), e, n,
-                        it->begin + e * esz - lo});
+      pieces.push_back(
+          {static_cast<size_t>(it - file.tensors.begin()), e, n, it->begin + e * esz - lo});
     }
   }
 
@@ -96,9 +96,9 @@ uint64_t fill_chunk(const plan::PlannedFile& file, const Sources& sources, uint6
     c10::StreamGuard guard(*it);
     at::Tensor host = at::from_blob(buf + p.dst, {static_cast<int64_t>(p.count)},
                                     at::TensorOptions().dtype(file.tensors[p.tensor].dtype));
-    host.copy_(src.reshape({-1}).narrow(0, static_cast<int64_t>(p.elem0),
-                                        static_cast<int64_t>(p.count)),
-               /*non_blocking=*/true);
+    host.copy_(
+        src.reshape({-1}).narrow(0, static_cast<int64_t>(p.elem0), static_cast<int64_t>(p.count)),
+        /*non_blocking=*/true);
   }
 
   tbb::parallel_for(size_t{0}, pieces.size(), [&](size_t i) {

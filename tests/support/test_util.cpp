@@ -1,5 +1,9 @@
 #include "support/test_util.h"
 
+#include <dlfcn.h>
+#include <execinfo.h>
+#include <signal.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,22 +13,61 @@
 #include <random>
 #include <stdexcept>
 
+#include "common/remove_tree.h"
+
 namespace tsnap::testing {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// A crash in a test prints where it happened to stderr (CI and remote machines have no
+// debugger): the faulting instruction, the return address on the stack (what called a bad
+// function pointer) and a backtrace.
+void describe(const char* what, void* addr) {
+  Dl_info info{};
+  char line[512];
+  const bool known = addr != nullptr && dladdr(addr, &info) != 0;
+  const int n = std::snprintf(line, sizeof line, "  %s %p %s(%s)\n", what, addr,
+                              known && info.dli_fname ? info.dli_fname : "?",
+                              known && info.dli_sname ? info.dli_sname : "?");
+  (void)!write(2, line, static_cast<size_t>(n));
+}
+
+void on_fatal_signal(int sig, siginfo_t* info, void* context) {
+  const char msg[] = "\n*** fatal signal in test\n";
+  (void)!write(2, msg, sizeof msg - 1);
+  describe("fault address", info->si_addr);
+#if defined(__x86_64__)
+  const auto* uc = static_cast<const ucontext_t*>(context);
+  describe("instruction", reinterpret_cast<void*>(uc->uc_mcontext.gregs[REG_RIP]));
+  describe("return address", *reinterpret_cast<void* const*>(uc->uc_mcontext.gregs[REG_RSP]));
+#endif
+  void* frames[64];
+  backtrace_symbols_fd(frames, backtrace(frames, 64), 2);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+const bool kCrashReporterInstalled = [] {
+  struct sigaction sa {};
+  sa.sa_sigaction = on_fatal_signal;
+  sa.sa_flags = SA_SIGINFO;
+  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE}) sigaction(sig, &sa, nullptr);
+  return true;
+}();
+
+}  // namespace
+
 TempDir::TempDir(const fs::path& base) {
   static std::atomic<int> counter{0};
   std::random_device rd;
-  path_ = base / ("tsnap-test-" + std::to_string(::getpid()) + "-" +
-                  std::to_string(counter++) + "-" + std::to_string(rd()));
+  path_ = base / ("tsnap-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) +
+                  "-" + std::to_string(rd()));
   fs::create_directories(path_);
 }
 
-TempDir::~TempDir() {
-  std::error_code ec;
-  fs::remove_all(path_, ec);
-}
+TempDir::~TempDir() { tsnap::detail::remove_tree(path_.string()); }
 
 bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
   if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
@@ -46,7 +89,7 @@ at::Tensor make_tensor(at::ScalarType dtype, at::IntArrayRef shape, uint64_t see
 
 StateDict mixed_state(uint64_t seed) {
   StateDict sd;
-  const at::ScalarType types[] = {at::kDouble, at::kFloat, at::kHalf,  at::kBFloat16, at::kLong,
+  const at::ScalarType types[] = {at::kDouble, at::kFloat, at::kHalf, at::kBFloat16, at::kLong,
                                   at::kInt,    at::kShort, at::kChar, at::kByte,     at::kBool};
   int i = 0;
   for (at::ScalarType t : types) {
