@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <numeric>
 
+#include <c10/util/StringUtil.h>
+
 #include "format/dtype.h"
 #include "format/safetensors.h"
 #include "tsnap/error.h"
@@ -21,6 +23,24 @@ std::string shard_name(size_t i, size_t n) {
 
 uint64_t stored_nbytes(const at::Tensor& t, at::ScalarType dtype) {
   return static_cast<uint64_t>(t.numel()) * format::element_size(dtype);
+}
+
+// A rank's piece must lie inside the global tensor it belongs to.
+void check_shard(const std::string& key, const at::Tensor& t, const ShardSpec& shard) {
+  const auto dims = static_cast<size_t>(t.dim());
+  bool ok = shard.global_shape.size() == dims && shard.offsets.size() == dims;
+  for (size_t d = 0; ok && d < dims; ++d) {
+    ok = shard.offsets[d] >= 0 && shard.global_shape[d] >= 0 &&
+         shard.offsets[d] <= shard.global_shape[d] &&
+         t.size(static_cast<int64_t>(d)) <= shard.global_shape[d] - shard.offsets[d];
+  }
+  if (!ok) {
+    throw InvalidArgument(ErrorCode::kInvalidArgument,
+                          "tensor '" + key + "': its shard spec (global shape " +
+                              c10::str(shard.global_shape) + ", offsets " +
+                              c10::str(shard.offsets) + ") does not contain a piece of shape " +
+                              c10::str(t.sizes()));
+  }
 }
 
 }  // namespace
@@ -73,6 +93,7 @@ Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chun
       throw InvalidArgument(ErrorCode::kInvalidArgument,
                             "tensor '" + key + "' is sparse or quantized; save it dense");
     }
+    if (entry.shard) check_shard(key, t, *entry.shard);
     const at::ScalarType dtype = stored_dtype(key, entry, options);
     items.push_back({&key, &entry, dtype, stored_nbytes(t, dtype)});
     tensor_bytes += items.back().bytes;

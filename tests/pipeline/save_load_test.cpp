@@ -147,6 +147,22 @@ TEST(SaveLoad, PartialLoadByGlob) {
             (std::vector<std::string>{"dec.w", "enc.w"}));
 }
 
+TEST(SaveLoad, ShardSpecsRoundTripAndBadOnesAreRefused) {
+  TempDir dir;
+  StateDict sd;
+  sd.insert("w", make_tensor(at::kFloat, {2, 5}, 1), {}, ShardSpec{{8, 5}, {4, 0}});
+  save(dir / "s", sd);
+  const StateDict back = load(dir / "s");
+  ASSERT_TRUE(back.entry("w").shard.has_value());
+  EXPECT_EQ(*back.entry("w").shard, (ShardSpec{{8, 5}, {4, 0}}));
+  StateDict bad;
+  bad.insert("w", make_tensor(at::kFloat, {2, 5}, 1), {}, ShardSpec{{8, 5}, {7, 0}});
+  EXPECT_THROW(save(dir / "bad", bad), InvalidArgument);
+  StateDict rank;
+  rank.insert("w", make_tensor(at::kFloat, {2, 5}, 1), {}, ShardSpec{{8}, {0}});
+  EXPECT_THROW(save(dir / "rank", rank), InvalidArgument);
+}
+
 TEST(SaveLoad, EmptyState) {
   TempDir dir;
   save(dir / "s", StateDict{});

@@ -100,6 +100,22 @@ TEST(Snapshotter, ManySavesInFlight) {
   EXPECT_EQ(latest(dir.path()), dir / "s7");
 }
 
+TEST(Snapshotter, DestructionWaitsForSavesInFlight) {
+  TempDir dir;
+  StateDict sd = big_state(3, 1 << 20, 21);
+  std::vector<SaveHandle> handles;
+  {
+    Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 4 << 20,
+                      .chunk_bytes = 1 << 20, .max_in_flight = 3});
+    for (int i = 0; i < 3; ++i) handles.push_back(snap.save_async("s" + std::to_string(i), sd));
+  }  // returns only once every save has committed or failed
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(handles[i].done());
+    EXPECT_NO_THROW(handles[i].wait());
+    expect_equal(sd, load(dir / ("s" + std::to_string(i))));
+  }
+}
+
 TEST(Snapshotter, FailFastPolicyRefusesWhenBusy) {
   TempDir dir;
   // A slow engine keeps the first save in flight.
