@@ -46,6 +46,22 @@ int Engine::fsync_dir(const std::string& path) {
   return rc;
 }
 
+int write_and_wait(Engine& engine, int fd, const void* buf, size_t len, uint64_t offset) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool finished = false;
+  int rc = 0;
+  engine.write(fd, buf, len, offset, -1, [&](int r) {
+    std::lock_guard<std::mutex> lock(mu);
+    rc = r;
+    finished = true;
+    cv.notify_one();
+  });
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return finished; });
+  return rc;
+}
+
 bool probe_direct_io(Engine& engine, const std::string& dir) {
   const std::string path = dir + "/.tsnap-direct-probe-" + std::to_string(::getpid());
   const int fd = engine.open(path, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
@@ -54,19 +70,7 @@ bool probe_direct_io(Engine& engine, const std::string& dir) {
   bool ok = false;
   if (posix_memalign(&buf, 4096, 4096) == 0) {
     std::memset(buf, 0, 4096);
-    std::mutex mu;
-    std::condition_variable cv;
-    bool finished = false;
-    int rc = 0;
-    engine.write(fd, buf, 4096, 0, -1, [&](int r) {
-      std::lock_guard<std::mutex> lock(mu);
-      rc = r;
-      finished = true;
-      cv.notify_one();
-    });
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return finished; });
-    ok = rc == 0;
+    ok = write_and_wait(engine, fd, buf, 4096, 0) == 0;
     std::free(buf);
   }
   engine.close(fd);

@@ -99,6 +99,9 @@ std::shared_ptr<Engine> make_pwrite_engine(int threads);
 std::shared_ptr<Engine> make_uring_engine(boost::asio::io_context& io, unsigned queue_depth,
                                           std::string* why);
 
+/// Writes through `engine` and waits for the completion: 0 or -errno.
+int write_and_wait(Engine& engine, int fd, const void* buf, size_t len, uint64_t offset);
+
 /// True when `dir`'s filesystem accepts O_DIRECT writes through `engine` (probed with a small
 /// temporary file that is removed again).
 bool probe_direct_io(Engine& engine, const std::string& dir);

@@ -19,9 +19,7 @@
 
 #include <fcntl.h>
 
-#include <condition_variable>
 #include <filesystem>
-#include <mutex>
 #include <system_error>
 
 #include "common/remove_tree.h"
@@ -40,20 +38,7 @@ void check(int rc, const std::string& what) {
 void write_file_durably(io::Engine& engine, const std::string& path, const std::string& text) {
   const int fd = engine.open(path, O_WRONLY | O_CREAT | O_EXCL, 0644);
   check(fd, "create " + path);
-  std::mutex mu;
-  std::condition_variable cv;
-  bool finished = false;
-  int rc = 0;
-  engine.write(fd, text.data(), text.size(), 0, -1, [&](int r) {
-    std::lock_guard<std::mutex> lock(mu);
-    rc = r;
-    finished = true;
-    cv.notify_one();
-  });
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return finished; });
-  }
+  int rc = io::write_and_wait(engine, fd, text.data(), text.size(), 0);
   if (rc == 0) rc = engine.fsync(fd);
   const int close_rc = engine.close(fd);
   check(rc, "write " + path);
