@@ -17,6 +17,7 @@
 #include "pipeline/resources.h"
 #include "pipeline/save_job.h"
 #include "plan/plan.h"
+#include "policy/root_lock.h"
 #include "tsnap/catalog.h"
 #include "tsnap/error.h"
 
@@ -25,6 +26,7 @@ namespace tsnap {
 namespace fs = std::filesystem;
 
 struct Snapshotter::Impl {
+  std::optional<policy::RootLock> root_lock;  // first member: released after everything else
   pipeline::Resources res;
   std::mutex mu;
   std::condition_variable cv;
@@ -85,6 +87,7 @@ Snapshotter::Impl::Impl(SnapshotterOptions options) {
     throw IoError(ErrorCode::kIo, "cannot create snapshot root " + o.root.string() + ": " +
                                       ec.message(), ec.value());
   }
+  root_lock.emplace(o.root);  // removes stale temporaries when no other writer is alive
   const size_t count =
       std::max<size_t>(2, static_cast<size_t>(o.staging_budget_bytes / o.chunk_bytes));
   res.pool = std::make_unique<stage::StagingPool>(count, o.chunk_bytes, /*pinned=*/true);

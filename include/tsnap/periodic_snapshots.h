@@ -1,0 +1,177 @@
+#pragma once
+/// \file
+/// `tsnap::PeriodicSnapshots`: a hook for a training loop that takes asynchronous snapshots on a
+/// `Schedule` (every N steps, every T seconds, on preemption signals), applies retention, and
+/// resumes from the newest valid snapshot.
+/// ```
+/// tsnap::Snapshotter snap({.root = "runs/exp1"});
+/// tsnap::Schedule every({.every_steps = 500, .every_seconds = 600,
+///                        .on_signals = {SIGTERM, SIGUSR1}, .keep_last = 3});
+/// tsnap::PeriodicSnapshots hook(snap, every, [&] {
+///   return tsnap::Checkpoint::of({{"model", model}, {"optim", tsnap::bind(opt, model)},
+///                                 {"rng", tsnap::rng_state()}});
+/// });
+/// int64_t step = hook.resume([&](tsnap::Checkpoint& c) {   // 0 when there is nothing to resume
+///   c.apply({{"model", model}, {"optim", tsnap::bind(opt, model)}, {"rng", tsnap::rng_state()}});
+/// });
+/// while (step < total) {
+///   train_step();                     // forward, backward, optimizer.step()
+///   hook.after_step(++step);          // saves when due; blocks at most for the staging copy
+///   if (hook.stop_requested()) break; // a signal came: the final snapshot is committed
+/// }
+/// hook.finish();                      // waits for the save in flight, logs a summary
+/// ```
+/// Steps count completed optimizer steps: the snapshot `step-00000500` holds the state after 500
+/// steps, and `resume` returns 500 for it.
+
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tsnap/save_handle.h"
+#include "tsnap/save_options.h"
+#include "tsnap/schedule.h"
+
+namespace tsnap {
+
+class Checkpoint;
+class Snapshotter;
+
+/// What `after_step` does when a snapshot is due while the previous one is still writing.
+enum class WhenBusy {
+  kSkip,  ///< Skip this snapshot (counted in PeriodicStats::skipped); training never waits.
+  kWait,  ///< Wait for the previous one to commit, then save (the step stalls for the write).
+};
+
+/// Why a snapshot was taken.
+enum class SnapshotReason { kSteps, kTime, kSignal };
+
+/// "steps", "time" or "signal".
+const char* to_string(SnapshotReason reason) noexcept;
+
+/// The figures of one snapshot the hook took.
+struct SnapshotRecord {
+  int64_t step = 0;
+  std::string name;  ///< Directory name under the root, e.g. "step-00001200".
+  SnapshotReason reason = SnapshotReason::kSteps;
+  /// How long `after_step` blocked training for it: make_checkpoint, the wait for the previous
+  /// save (WhenBusy::kWait), the staging copy; for a signal's snapshot also its commit.
+  double blocked_s = 0;
+  SaveStats save;          ///< stall, stage, write, commit and total times, bytes, engine.
+  bool committed = false;  ///< False when the save failed (see `error`).
+  std::string error;       ///< The failure's message, empty when committed.
+  std::vector<std::string> deleted;  ///< Snapshots retention deleted after this one committed.
+};
+
+/// The figures of a hook so far. Value type.
+struct PeriodicStats {
+  std::vector<SnapshotRecord> snapshots;  ///< In order of completion.
+  int64_t skipped = 0;     ///< Snapshots due while the previous one was writing (WhenBusy::kSkip).
+  int64_t failed = 0;      ///< Snapshots whose save failed.
+  int64_t deleted = 0;     ///< Snapshots removed by retention.
+  double stall_s() const;  ///< Total time after_step blocked training (sum of blocked_s).
+  uint64_t bytes() const;  ///< Total bytes written by committed snapshots.
+};
+
+/// Options of a PeriodicSnapshots hook. Designated initialisers read well:
+/// `{.save = {.dtype = at::kBFloat16}, .when_busy = tsnap::WhenBusy::kWait}`.
+struct PeriodicOptions {
+  /// Options of each save. `overwrite` is always on: a snapshot left by an abandoned run at the
+  /// same step (e.g. one that was corrupt, so `resume` went back further) is replaced atomically.
+  /// With `Staging::kLazy`, call `before_optimizer_step()` before the tensors next change.
+  SaveOptions save;
+  WhenBusy when_busy = WhenBusy::kSkip;
+  /// Receives one line per event (snapshot committed or failed, skipped, resumed, summary).
+  /// Calls never overlap; they come from the training thread or the hook's thread, and must not
+  /// call back into the hook. Null: no log. Default: `log_to_stderr`.
+  std::function<void(const std::string&)> log = log_to_stderr;
+
+  /// Writes `line` and a newline to stderr.
+  static void log_to_stderr(const std::string& line);
+};
+
+/// Takes snapshots of what `make_checkpoint` returns when the Schedule says so, at the step
+/// boundaries the loop reports with `after_step`.
+///
+/// Time and signals: the hook owns a thread running an Asio io_context. A `steady_timer` on it
+/// only sets a flag, and an Asio `signal_set` for `on_signals` only records the signal; every save
+/// starts at a step boundary on the training thread. A signal makes the next `after_step` take a
+/// final snapshot, wait for it to commit, and turn `stop_requested()` true.
+///
+/// Signal chaining: a handler function installed before the hook for one of its signals is
+/// called (on the hook's thread, when the signal arrives, with a siginfo that holds only the
+/// signal number and SI_USER) and stays installed in the sense that the hook restores every
+/// previous disposition when it is destroyed. A previous SIG_DFL or SIG_IGN is not acted on: the
+/// hook's final snapshot and stop replace the default action while it lives; to end with the
+/// conventional status, re-raise `stop_signal()` after destroying the hook.
+///
+/// Retention (ScheduleOptions::keep_last, keep_every_steps) runs on the hook's thread after each
+/// snapshot commits, and deletes crash-safely (rename to a temporary name, then remove), so a
+/// crash at any moment leaves at least one complete snapshot. Stale temporaries of crashed
+/// writers are removed when a Snapshotter starts alone on the root (its `.tsnap.lock`).
+///
+/// Errors of background saves do not interrupt training: they are logged, counted, and thrown
+/// by `finish()`; the final snapshot's error is thrown by the `after_step` that took it.
+///
+/// Thread-safety: `resume`, `after_step`, `before_optimizer_step` and `finish` are for the
+/// training thread; `stop_requested`, `stop_signal` and `stats` may be called from any thread.
+/// One hook per signal per process. Ownership: refers to the Snapshotter, which must outlive the
+/// hook. Destruction waits for the save in flight to complete (never throws), stops the thread
+/// and restores the previous signal dispositions.
+class PeriodicSnapshots {
+ public:
+  using MakeCheckpoint = std::function<Checkpoint()>;
+  using ApplyCheckpoint = std::function<void(Checkpoint&)>;
+
+  /// Starts the hook's thread, its timer and its signal handlers. `make_checkpoint` is called on
+  /// the training thread at each save and returns what to save (e.g. Checkpoint::of(...)); the
+  /// hook adds the step to its metadata as "step". Errors: InvalidArgument for a null
+  /// `make_checkpoint`; IoError when a signal handler cannot be installed.
+  PeriodicSnapshots(Snapshotter& snapshotter, Schedule schedule, MakeCheckpoint make_checkpoint,
+                    PeriodicOptions options = {});
+  ~PeriodicSnapshots();
+  PeriodicSnapshots(const PeriodicSnapshots&) = delete;
+  PeriodicSnapshots& operator=(const PeriodicSnapshots&) = delete;
+
+  /// Loads the newest valid snapshot under the root (highest integer metadata "step", then
+  /// newest; temporaries, directories without a valid manifest, and snapshots whose chunks fail
+  /// verification are skipped, each logged), passes it to `apply`, and returns its step; returns
+  /// 0 and does not call `apply` when there is none. Errors: whatever `apply` throws; IoError
+  /// when the root cannot be listed.
+  int64_t resume(const ApplyCheckpoint& apply);
+
+  /// Reports that `step` steps are complete (call it after optimizer.step()). Starts a snapshot
+  /// when one is due (by steps, by time, or by a signal): eager saves block for the staging copy
+  /// only. A snapshot due while the previous one is writing is skipped or waited for (WhenBusy);
+  /// a signal's final snapshot always waits for the previous one, then for its own commit.
+  /// Does nothing once `stop_requested()`. Errors: those of `make_checkpoint` and of
+  /// `Snapshotter::save_async` (bad options); the final snapshot's save error.
+  void after_step(int64_t step);
+
+  /// For Staging::kLazy: waits until the last snapshot is staged, so the tensors may change (call
+  /// it right before optimizer.step()). Returns at once for eager saves. Errors: the staging error.
+  void before_optimizer_step();
+
+  /// True once a signal arrived and its final snapshot committed (or failed).
+  bool stop_requested() const;
+  /// The signal that stopped training, 0 while none has.
+  int stop_signal() const;
+
+  /// Waits for the save in flight and its retention, logs a summary line and returns the stats.
+  /// Errors: the first error of a background save that was not thrown already (the stats stay
+  /// available through `stats()`).
+  PeriodicStats finish();
+
+  /// The figures so far (complete for every snapshot that has finished).
+  PeriodicStats stats() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tsnap

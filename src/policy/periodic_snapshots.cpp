@@ -1,0 +1,454 @@
+#include "tsnap/periodic_snapshots.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "policy/retention.h"
+#include "policy/summary.h"
+#include "tsnap/catalog.h"
+#include "tsnap/checkpoint.h"
+#include "tsnap/error.h"
+#include "tsnap/snapshotter.h"
+
+namespace tsnap {
+
+namespace asio = boost::asio;
+using Clock = std::chrono::steady_clock;
+
+const char* to_string(SnapshotReason reason) noexcept {
+  switch (reason) {
+    case SnapshotReason::kSteps:
+      return "steps";
+    case SnapshotReason::kTime:
+      return "time";
+    case SnapshotReason::kSignal:
+      return "signal";
+  }
+  return "?";
+}
+
+double PeriodicStats::stall_s() const {
+  double total = 0;
+  for (const SnapshotRecord& r : snapshots) total += r.blocked_s;
+  return total;
+}
+
+uint64_t PeriodicStats::bytes() const {
+  uint64_t total = 0;
+  for (const SnapshotRecord& r : snapshots) total += r.committed ? r.save.bytes : 0;
+  return total;
+}
+
+void PeriodicOptions::log_to_stderr(const std::string& line) {
+  std::fprintf(stderr, "%s\n", line.c_str());
+}
+
+struct PeriodicSnapshots::Impl {
+  Impl(Snapshotter& snapshotter, Schedule schedule, MakeCheckpoint make, PeriodicOptions options);
+  ~Impl();
+
+  // Training thread.
+  void start_save(int64_t step, SnapshotReason reason, Clock::time_point began);
+  void final_snapshot(int64_t step, int sig, Clock::time_point began);
+  void restart_timer();
+  void wait_processed();
+  void log(const std::string& line);
+
+  // Hook thread.
+  void arm_timer(uint64_t epoch);
+  void wait_for_signal();
+  void chain(int sig);
+  void restore_signals();
+  void on_completed(SnapshotRecord record, const SaveHandle& handle, std::exception_ptr error);
+
+  Snapshotter& snapshotter;
+  const Schedule schedule;
+  const MakeCheckpoint make_checkpoint;
+  const PeriodicOptions options;
+
+  asio::io_context io;
+  asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
+  asio::steady_timer timer{io};
+  asio::signal_set signals{io};
+  std::map<int, struct sigaction> previous;  // dispositions before the hook: chained, restored
+  std::map<int, bool> chained;               // whether `previous` is a handler to call
+  std::thread thread;
+
+  std::atomic<bool> time_due{false};
+  std::atomic<uint64_t> timer_epoch{0};  // a timer armed before the latest restart never fires
+  std::atomic<int> signal_pending{0};
+  std::atomic<int> stop_signal{0};
+
+  // Training thread only.
+  SaveHandle current;
+  std::optional<int64_t> last_step;
+
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  PeriodicStats stats;
+  int pending = 0;                // saves started whose completion is not yet processed
+  std::exception_ptr unreported;  // first failure not thrown yet
+  std::mutex log_mu;
+};
+
+namespace {
+
+void wait_quietly(const SaveHandle& handle) {
+  try {
+    handle.wait();
+  } catch (...) {
+  }
+}
+
+std::string message_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return ex.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+}  // namespace
+
+PeriodicSnapshots::Impl::Impl(Snapshotter& snap, Schedule sched, MakeCheckpoint make,
+                              PeriodicOptions opts)
+    : snapshotter(snap),
+      schedule(std::move(sched)),
+      make_checkpoint(std::move(make)),
+      options(std::move(opts)) {
+  if (!make_checkpoint) {
+    throw InvalidArgument(ErrorCode::kInvalidArgument,
+                          "PeriodicSnapshots: make_checkpoint is null");
+  }
+  try {
+    for (int sig : schedule.options().on_signals) {
+      struct sigaction before {};
+      ::sigaction(sig, nullptr, &before);
+      boost::system::error_code ec;
+      signals.add(sig, ec);
+      if (ec) {
+        throw IoError(ErrorCode::kIo,
+                      "cannot handle signal " + std::to_string(sig) + ": " + ec.message(),
+                      ec.value());
+      }
+      previous[sig] = before;
+      struct sigaction now {};
+      ::sigaction(sig, nullptr, &now);
+      // Asio's own handler (another signal_set already had the signal) is not chained: it
+      // would deliver the signal to this set a second time.
+      const bool is_function = (before.sa_flags & SA_SIGINFO)
+                                   ? before.sa_sigaction != nullptr
+                                   : before.sa_handler != SIG_DFL && before.sa_handler != SIG_IGN;
+      chained[sig] = is_function && before.sa_handler != now.sa_handler;
+      // Asio installs its handler without SA_RESTART; with it, blocking system calls of the
+      // training threads resume after the signal instead of failing with EINTR.
+      if (!(now.sa_flags & SA_RESTART)) {
+        now.sa_flags |= SA_RESTART;
+        ::sigaction(sig, &now, nullptr);
+      }
+    }
+    if (!schedule.options().on_signals.empty()) wait_for_signal();
+    if (schedule.options().every_seconds > 0) arm_timer(0);
+    thread = std::thread([this] { io.run(); });
+  } catch (...) {
+    signals.clear();
+    restore_signals();
+    throw;
+  }
+}
+
+PeriodicSnapshots::Impl::~Impl() {
+  if (current.valid()) wait_quietly(current);
+  wait_processed();
+  asio::post(io, [this] {
+    timer.cancel();
+    signals.cancel();
+    signals.clear();    // Asio resets each signal to SIG_DFL ...
+    restore_signals();  // ... and the previous disposition comes back at once
+  });
+  work.reset();
+  thread.join();
+}
+
+void PeriodicSnapshots::Impl::log(const std::string& line) {
+  if (!options.log) return;
+  std::lock_guard<std::mutex> lock(log_mu);
+  try {
+    options.log(line);
+  } catch (...) {
+    // A throwing log callback must not take the hook's thread down.
+  }
+}
+
+void PeriodicSnapshots::Impl::arm_timer(uint64_t epoch) {
+  const auto period = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(schedule.options().every_seconds));
+  timer.expires_after(period);
+  timer.async_wait([this, epoch](const boost::system::error_code& ec) {
+    if (!ec && epoch == timer_epoch.load()) time_due.store(true);
+  });
+}
+
+void PeriodicSnapshots::Impl::restart_timer() {
+  if (schedule.options().every_seconds <= 0) return;
+  time_due.store(false);
+  const uint64_t epoch = ++timer_epoch;
+  asio::post(io, [this, epoch] { arm_timer(epoch); });
+}
+
+void PeriodicSnapshots::Impl::wait_for_signal() {
+  signals.async_wait([this](const boost::system::error_code& ec, int sig) {
+    if (ec) return;  // cancelled: the hook is shutting down
+    int none = 0;
+    signal_pending.compare_exchange_strong(none, sig);
+    chain(sig);
+    wait_for_signal();
+  });
+}
+
+void PeriodicSnapshots::Impl::chain(int sig) {
+  struct sigaction& before = previous[sig];
+  if (!chained[sig]) return;
+  if (before.sa_flags & SA_SIGINFO) {
+    siginfo_t info{};
+    info.si_signo = sig;
+    info.si_code = SI_USER;
+    before.sa_sigaction(sig, &info, nullptr);
+  } else {
+    before.sa_handler(sig);
+  }
+  if (before.sa_flags & SA_RESETHAND) {  // a one-shot handler: the default comes back after it
+    before.sa_handler = SIG_DFL;
+    before.sa_flags = 0;
+    chained[sig] = false;
+  }
+}
+
+void PeriodicSnapshots::Impl::restore_signals() {
+  for (const auto& [sig, action] : previous) ::sigaction(sig, &action, nullptr);
+}
+
+void PeriodicSnapshots::Impl::start_save(int64_t step, SnapshotReason reason,
+                                         Clock::time_point began) {
+  Checkpoint checkpoint = make_checkpoint();
+  checkpoint.metadata()["step"] = step;
+  SaveOptions save = options.save;
+  save.overwrite = true;
+  SnapshotRecord record;
+  record.step = step;
+  record.name = policy::snapshot_name(step);
+  record.reason = reason;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    ++pending;
+  }
+  SaveHandle handle;
+  try {
+    handle = snapshotter.save_async(record.name, checkpoint, save);
+  } catch (...) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      --pending;
+    }
+    cv.notify_all();
+    throw;
+  }
+  current = handle;
+  last_step = step;
+  record.blocked_s = seconds_since(began);
+  handle.on_complete([this, record, handle](std::exception_ptr error) {
+    asio::post(io, [this, record, handle, error] { on_completed(record, handle, error); });
+  });
+}
+
+void PeriodicSnapshots::Impl::on_completed(SnapshotRecord record, const SaveHandle& handle,
+                                           std::exception_ptr error) {
+  record.save = handle.stats();
+  record.committed = error == nullptr;
+  if (error) {
+    record.error = message_of(error);
+  } else {
+    try {
+      record.deleted = policy::apply_retention(snapshotter.root(), schedule, record.step);
+    } catch (const std::exception& e) {
+      log("tsnap: retention after " + record.name + " stopped: " + e.what());
+    }
+  }
+  const std::string line = policy::snapshot_line(record);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stats.deleted += static_cast<int64_t>(record.deleted.size());
+    if (error) {
+      ++stats.failed;
+      if (!unreported) unreported = error;
+    }
+    stats.snapshots.push_back(std::move(record));
+  }
+  log(line);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    --pending;
+  }
+  cv.notify_all();
+}
+
+void PeriodicSnapshots::Impl::wait_processed() {
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return pending == 0; });
+}
+
+void PeriodicSnapshots::Impl::final_snapshot(int64_t step, int sig, Clock::time_point began) {
+  if (current.valid()) wait_quietly(current);
+  // A snapshot of this very step (due by steps when the signal came) is final if it committed.
+  const bool have = last_step == step && current.valid() && current.error() == nullptr;
+  std::exception_ptr error;
+  if (!have) {
+    try {
+      start_save(step, SnapshotReason::kSignal, began);
+      wait_quietly(current);
+      error = current.error();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  wait_processed();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (unreported == error) unreported = nullptr;  // thrown here, not again by finish()
+  }
+  stop_signal.store(sig);
+  log("tsnap: signal " + std::to_string(sig) + " at step " + std::to_string(step) +
+      (error ? ": the final snapshot FAILED, stop" : ": final snapshot committed, stop"));
+  if (error) std::rethrow_exception(error);
+}
+
+PeriodicSnapshots::PeriodicSnapshots(Snapshotter& snapshotter, Schedule schedule,
+                                     MakeCheckpoint make_checkpoint, PeriodicOptions options)
+    : impl_(std::make_unique<Impl>(snapshotter, std::move(schedule), std::move(make_checkpoint),
+                                   std::move(options))) {}
+
+PeriodicSnapshots::~PeriodicSnapshots() = default;
+
+int64_t PeriodicSnapshots::resume(const ApplyCheckpoint& apply) {
+  Impl& m = *impl_;
+  struct Candidate {
+    int64_t step;
+    int64_t created;
+    std::filesystem::path path;
+  };
+  std::vector<Candidate> candidates;
+  for (const Listed& l : list(m.snapshotter.root())) {
+    if (!l.committed) {
+      m.log("tsnap: resume skips " + l.name + ": " + l.problem);
+      continue;
+    }
+    const nlohmann::json& md = l.manifest->metadata;
+    if (md.is_object() && md.contains("step") && md["step"].is_number_integer()) {
+      candidates.push_back({md["step"].get<int64_t>(), l.manifest->created_unix_ns, l.path});
+    }
+  }
+  std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    return a.step != b.step ? a.step > b.step : a.created > b.created;
+  });
+  for (const Candidate& c : candidates) {
+    std::optional<Checkpoint> checkpoint;
+    try {
+      checkpoint = load_checkpoint(c.path);
+    } catch (const Error& e) {
+      m.log("tsnap: resume skips " + c.path.filename().string() + ": " + e.what());
+      continue;
+    }
+    apply(*checkpoint);
+    m.last_step = c.step;
+    m.log("tsnap: resumed from " + c.path.filename().string() + " (step " + std::to_string(c.step) +
+          ")");
+    return c.step;
+  }
+  m.log("tsnap: nothing to resume under " + m.snapshotter.root().string() + ", starting at 0");
+  return 0;
+}
+
+void PeriodicSnapshots::after_step(int64_t step) {
+  Impl& m = *impl_;
+  if (m.stop_signal.load() != 0) return;
+  if (const int sig = m.signal_pending.load(); sig != 0) {
+    m.final_snapshot(step, sig, Clock::now());
+    return;
+  }
+  SnapshotReason reason;
+  if (m.schedule.due_at_step(step)) {
+    reason = SnapshotReason::kSteps;
+  } else if (m.time_due.load(std::memory_order_relaxed)) {
+    reason = SnapshotReason::kTime;
+  } else {
+    return;  // the common case: two atomic loads and a modulo
+  }
+  if (m.last_step == step) return;  // already saved (or resumed from) this step
+  const Clock::time_point began = Clock::now();
+  m.restart_timer();
+  if (m.current.valid() && !m.current.done()) {
+    if (m.options.when_busy == WhenBusy::kSkip) {
+      int64_t skipped;
+      {
+        std::lock_guard<std::mutex> lock(m.mu);
+        skipped = ++m.stats.skipped;
+      }
+      m.log("tsnap: " + policy::snapshot_name(step) + " skipped (" + to_string(reason) +
+            "): " + policy::snapshot_name(*m.last_step) + " is still writing; " +
+            std::to_string(skipped) + " skipped so far");
+      return;
+    }
+    wait_quietly(m.current);
+  }
+  m.start_save(step, reason, began);
+}
+
+void PeriodicSnapshots::before_optimizer_step() {
+  if (impl_->current.valid()) impl_->current.wait_staged();
+}
+
+bool PeriodicSnapshots::stop_requested() const { return impl_->stop_signal.load() != 0; }
+
+int PeriodicSnapshots::stop_signal() const { return impl_->stop_signal.load(); }
+
+PeriodicStats PeriodicSnapshots::finish() {
+  Impl& m = *impl_;
+  if (m.current.valid()) wait_quietly(m.current);
+  m.wait_processed();
+  PeriodicStats s = stats();
+  m.log(policy::summary_line(s));
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(m.mu);
+    std::swap(error, m.unreported);
+  }
+  if (error) std::rethrow_exception(error);
+  return s;
+}
+
+PeriodicStats PeriodicSnapshots::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->stats;
+}
+
+}  // namespace tsnap
