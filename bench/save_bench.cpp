@@ -317,11 +317,13 @@ int main(int argc, char** argv) {
     tsnap::StateDict small = tsnap::bench::small_tensors(10000);
     const uint64_t small_bytes = output_bytes(small, std::nullopt);
     tsnap::StateDict large = tsnap::bench::large_tensors(small_bytes, 8);
-    Series ts, tl;
+    Series ts, tl, ts_stall, ts_commit;
     for (int r = 0; r < args.reps; ++r) {
       auto a = snap.save_async("small", small);
       a.wait();
       ts.add(a.stats().total_s);
+      ts_stall.add(a.stats().stall_s);
+      ts_commit.add(a.stats().commit_s);
       auto b = snap.save_async("large", large);
       b.wait();
       tl.add(b.stats().total_s);
@@ -332,6 +334,8 @@ int main(int argc, char** argv) {
                 small_bytes / 1e6);
     row("small tensors (durable)", ts, small_bytes);
     row("large tensors (durable)", tl, small_bytes);
+    row("  small: stall", ts_stall, small_bytes);
+    row("  small: commit (fsync, manifest)", ts_commit, small_bytes);
     std::printf("  small / large throughput         %.2f  [>= 0.9]\n",
                 tl.median() / ts.median());
   }

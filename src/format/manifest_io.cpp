@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "format/dtype.h"
+#include "format/json_writer.h"
 #include "format/safetensors.h"
 #include "tsnap/error.h"
 
@@ -297,6 +298,137 @@ json manifest_to_json(const Manifest& m) {
           {"files", std::move(files)},
           {"tensors", std::move(tensors)},
           {"weight_map", std::move(weight_map)}};
+}
+
+std::string manifest_to_text(const Manifest& m) {
+  if (!m.metadata.is_object()) {
+    throw InvalidArgument(
+        ErrorCode::kInvalidArgument,
+        std::string("manifest metadata must be a JSON object, not ") + m.metadata.type_name());
+  }
+  // Files and tensors in name order, as manifest_to_json's std::map-backed objects have them.
+  const auto by_name = [](const auto* a, const auto* b) { return a->name < b->name; };
+  std::vector<const FileRecord*> files;
+  files.reserve(m.files.size());
+  for (const auto& f : m.files) files.push_back(&f);
+  std::sort(files.begin(), files.end(), by_name);
+  for (size_t i = 1; i < files.size(); ++i) {
+    if (files[i]->name == files[i - 1]->name) {
+      throw InvalidArgument(ErrorCode::kInvalidArgument,
+                            "manifest lists file '" + files[i]->name + "' twice");
+    }
+  }
+  std::vector<const TensorRecord*> tensors;
+  tensors.reserve(m.tensors.size());
+  for (const auto& t : m.tensors) tensors.push_back(&t);
+  if (!std::is_sorted(tensors.begin(), tensors.end(), by_name)) {
+    std::sort(tensors.begin(), tensors.end(), by_name);
+  }
+  for (size_t i = 1; i < tensors.size(); ++i) {
+    if (tensors[i]->name == tensors[i - 1]->name) {
+      throw InvalidArgument(ErrorCode::kInvalidArgument,
+                            "manifest lists tensor '" + tensors[i]->name + "' twice");
+    }
+  }
+
+  std::string out;
+  out.reserve(1024 + 256 * m.tensors.size());
+  JsonWriter w(out);
+  const auto dims = [&](const std::vector<int64_t>& v) {
+    w.begin_array();
+    for (int64_t d : v) w.number(d);
+    w.end_array();
+  };
+  w.begin_object();
+  w.key("format");
+  w.string(kFormatName);
+  w.key("format_version");
+  w.number(int64_t{m.format_version});
+  w.key("id");
+  w.string(m.id);
+  w.key("tsnap_version");
+  w.string(m.tsnap_version);
+  w.key("torch_version");
+  w.string(m.torch_version);
+  w.key("created");
+  w.string(m.created);
+  w.key("created_unix_ns");
+  w.number(int64_t{m.created_unix_ns});
+  w.key("world_size");
+  w.number(int64_t{m.world_size});
+  w.key("metadata");
+  w.raw(m.metadata.dump());
+
+  w.key("files");
+  w.begin_object();
+  for (const FileRecord* f : files) {
+    w.newline();
+    w.key(f->name);
+    w.begin_object();
+    w.key("size");
+    w.number(f->size);
+    w.key("data_offset");
+    w.number(f->data_offset);
+    w.key("chunk_bytes");
+    w.number(f->chunk_bytes);
+    w.key("chunk_hashes");
+    w.begin_array();
+    for (uint64_t h : f->chunk_hashes) {
+      static constexpr char kHex[] = "0123456789abcdef";
+      char buf[16];
+      for (int i = 0; i < 16; ++i) buf[i] = kHex[(h >> (60 - 4 * i)) & 0xF];
+      w.string(std::string_view(buf, sizeof buf));
+    }
+    w.end_array();
+    w.end_object();
+  }
+  w.end_object();
+
+  w.newline();
+  w.key("tensors");
+  w.begin_object();
+  for (const TensorRecord* t : tensors) {
+    w.newline();
+    w.key(t->name);
+    w.begin_object();
+    w.key("file");
+    w.string(t->file);
+    w.key("dtype");
+    w.string(dtype_name(t->dtype));
+    w.key("source_dtype");
+    w.string(dtype_name(t->source_dtype));
+    w.key("shape");
+    dims(t->shape);
+    w.key("offsets");
+    w.begin_array();
+    w.number(t->begin);
+    w.number(t->end);
+    w.end_array();
+    if (t->shard) {
+      w.key("shard");
+      w.begin_object();
+      w.key("global_shape");
+      dims(t->shard->global_shape);
+      w.key("offsets");
+      dims(t->shard->offsets);
+      w.end_object();
+    }
+    w.end_object();
+  }
+  w.end_object();
+
+  w.newline();
+  w.key("weight_map");
+  w.begin_object();
+  for (const TensorRecord* t : tensors) {
+    w.newline();
+    w.key(t->name);
+    w.string(t->file);
+  }
+  w.end_object();
+  w.end_object();
+  out += '\n';
+  return out;
 }
 
 Manifest parse_manifest(std::string_view text, const std::string& label) {

@@ -18,6 +18,11 @@ inline constexpr uint64_t kMaxManifestBytes = 1ull << 30;
 /// that is not a JSON object.
 nlohmann::json manifest_to_json(const Manifest& m);
 
+/// The same JSON as manifest_to_json(m), written directly as text: compact, one line per file,
+/// tensor and weight_map entry, ending in a newline. Same errors as manifest_to_json, plus
+/// InvalidArgument for a name that is not UTF-8. Much faster for many tensors.
+std::string manifest_to_text(const Manifest& m);
+
 /// Parses and validates manifest text. `label` names the file in errors. Checks: JSON object,
 /// format == "tsnap" and version <= kFormatVersion (else kUnsupportedFormat), required fields and
 /// types, file names are plain relative names inside the directory (kUnsafePath), tensor ranges

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "format/dtype.h"
+#include "format/json_writer.h"
 #include "tsnap/error.h"
 
 namespace tsnap::format {
@@ -193,40 +194,66 @@ void read_exact(const std::string& path, int fd, char* buf, size_t n, uint64_t o
 
 std::string build_header(const std::vector<HeaderTensor>& tensors,
                          const std::map<std::string, std::string>& metadata) {
-  json root = json::object();
-  if (!metadata.empty()) root[kMetadataKey] = metadata;
+  std::vector<std::string_view> names;
+  names.reserve(tensors.size());
   uint64_t expected = 0;
   for (const auto& t : tensors) {
-    if (t.name.empty() || t.name == kMetadataKey || root.contains(t.name)) {
-      throw InvalidArgument(ErrorCode::kInvalidArgument,
-                            "tensor name '" + t.name +
-                                "' is empty, reserved or duplicated in a safetensors header");
+    if (t.name.empty() || t.name == kMetadataKey) {
+      throw InvalidArgument(
+          ErrorCode::kInvalidArgument,
+          "tensor name '" + t.name + "' is empty, reserved or duplicated in a safetensors header");
     }
-    const std::string_view dtype = dtype_name(t.dtype);
+    dtype_name(t.dtype);  // Throws InvalidArgument for an unsupported dtype.
     const std::optional<uint64_t> nbytes = checked_nbytes(t.dtype, t.shape);
     if (!nbytes || t.begin != expected || t.end < t.begin || t.end - t.begin != *nbytes) {
-      throw Error(ErrorCode::kInternal, "build_header: tensor '" + t.name + "' at " +
-                                            range_string(t.begin, t.end) +
-                                            " is not laid out contiguously from offset " +
-                                            std::to_string(expected));
+      throw Error(ErrorCode::kInternal,
+                  "build_header: tensor '" + t.name + "' at " + range_string(t.begin, t.end) +
+                      " is not laid out contiguously from offset " + std::to_string(expected));
     }
     expected = t.end;
-    root[t.name] = {
-        {"dtype", std::string(dtype)}, {"shape", t.shape}, {"data_offsets", {t.begin, t.end}}};
+    names.push_back(t.name);
   }
-  std::string text;
-  try {
-    text = root.dump();
-  } catch (const json::exception& e) {
+  std::sort(names.begin(), names.end());
+  if (auto dup = std::adjacent_find(names.begin(), names.end()); dup != names.end()) {
     throw InvalidArgument(ErrorCode::kInvalidArgument,
-                          std::string("safetensors header is not valid UTF-8: ") + e.what());
+                          "tensor name '" + std::string(*dup) +
+                              "' is empty, reserved or duplicated in a safetensors header");
   }
-  const uint64_t unpadded = 8 + text.size();
-  const uint64_t total = (unpadded + kAlignment - 1) / kAlignment * kAlignment;
+
+  std::string out(8, '\0');  // The length prefix, filled in below.
+  out.reserve(8 + 128 * (tensors.size() + 1));
+  JsonWriter w(out);
+  w.begin_object();
+  if (!metadata.empty()) {
+    w.key(kMetadataKey);
+    w.begin_object();
+    for (const auto& [key, value] : metadata) {
+      w.key(key);
+      w.string(value);
+    }
+    w.end_object();
+  }
+  for (const auto& t : tensors) {
+    w.key(t.name);
+    w.begin_object();
+    w.key("dtype");
+    w.string(dtype_name(t.dtype));
+    w.key("shape");
+    w.begin_array();
+    for (int64_t d : t.shape) w.number(d);
+    w.end_array();
+    w.key("data_offsets");
+    w.begin_array();
+    w.number(t.begin);
+    w.number(t.end);
+    w.end_array();
+    w.end_object();
+  }
+  w.end_object();
+
+  const uint64_t total = (out.size() + kAlignment - 1) / kAlignment * kAlignment;
   const uint64_t n = total - 8;
-  std::string out(8, '\0');
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  out += text;
   out.resize(total, ' ');
   return out;
 }

@@ -250,7 +250,7 @@ std::string SaveJob::manifest_text() const {
   }
   std::sort(m.tensors.begin(), m.tensors.end(),
             [](const TensorRecord& a, const TensorRecord& b) { return a.name < b.name; });
-  return format::manifest_to_json(m).dump(1) + "\n";
+  return format::manifest_to_text(m);
 }
 
 }  // namespace tsnap::pipeline
