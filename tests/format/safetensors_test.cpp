@@ -368,28 +368,9 @@ TEST(SafetensorsHeader, RejectsOffsetsOutsideFile) {
 
 // --- The independent Python reader (tests/format/safetensors_reader.py) ----------------------
 
-struct ReaderRun {
-  int status = -1;     ///< Exit status of the reader.
-  std::string output;  ///< Its stdout and stderr.
-};
-
-/// Runs the reference reader on `file` (with --tsnap: also check tsnap's layout rules).
-ReaderRun run_reference_reader(const fs::path& file, bool tsnap_rules = true) {
-  const fs::path script = fs::path(__FILE__).parent_path() / "safetensors_reader.py";
-  const std::string cmd = "python3 '" + script.string() + "' " + (tsnap_rules ? "--tsnap " : "") +
-                          "'" + file.string() + "' 2>&1";
-  ReaderRun run;
-  FILE* pipe = ::popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return run;
-  char buf[4096];
-  size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) run.output.append(buf, n);
-  const int status = ::pclose(pipe);
-  run.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
-}
-
-bool have_python() { return std::system("python3 -c 'import json, struct' >/dev/null 2>&1") == 0; }
+using testing::have_python;
+using testing::ReaderRun;
+using testing::run_reference_reader;
 
 TEST(SafetensorsReferenceReader, AcceptsOurShards) {
   if (!have_python()) GTEST_SKIP() << "python3 is not installed";

@@ -98,6 +98,18 @@ TEST(SaveLoad, ShardFilesFollowTheSafetensorsLayout) {
   EXPECT_EQ(j["weight_map"]["a"], m.files[0].name);
 }
 
+TEST(SaveLoad, EveryShardOpensWithAnIndependentSafetensorsReader) {
+  if (!testing::have_python()) GTEST_SKIP() << "python3 is not installed";
+  TempDir dir;
+  save(dir / "s", testing::mixed_state(), {}, {.dtype = at::kBFloat16, .num_shards = 3});
+  const Manifest m = read_manifest(dir / "s");
+  ASSERT_EQ(m.files.size(), 3u);
+  for (const FileRecord& f : m.files) {
+    const testing::ReaderRun run = testing::run_reference_reader(dir / "s" / f.name);
+    EXPECT_EQ(run.status, 0) << f.name << ":\n" << run.output;
+  }
+}
+
 TEST(SaveLoad, PrecisionConversionMatchesLibTorch) {
   TempDir dir;
   at::Tensor f = make_tensor(at::kFloat, {1000}, 5);
@@ -255,7 +267,7 @@ TEST(Catalog, LatestPrefersHighestStepAndSkipsBrokenOnes) {
   save(dir / "a", StateDict{{"w", at::ones({1})}}, {{"step", 200}});
   save(dir / "b", StateDict{{"w", at::ones({1})}}, {{"step", 100}});
   save(dir / "c", StateDict{{"w", at::ones({1})}}, {{"step", 300}});
-  std::filesystem::remove(dir / "c" / "MANIFEST.json");  // corrupt: skipped
+  std::filesystem::remove(dir / "c" / "MANIFEST.json");   // corrupt: skipped
   std::filesystem::create_directory(dir / ".d.tmp-123");  // unfinished save: skipped
   EXPECT_EQ(latest(dir.path()), dir / "a");
   const auto all = list(dir.path());

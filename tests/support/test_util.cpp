@@ -3,11 +3,14 @@
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -119,5 +122,23 @@ void flip_byte(const fs::path& file, uint64_t offset) {
   f.seekp(static_cast<std::streamoff>(offset));
   f.write(&c, 1);
 }
+
+ReaderRun run_reference_reader(const fs::path& file, bool tsnap_rules) {
+  const fs::path script =
+      fs::path(__FILE__).parent_path().parent_path() / "format" / "safetensors_reader.py";
+  const std::string cmd = "python3 '" + script.string() + "' " + (tsnap_rules ? "--tsnap " : "") +
+                          "'" + file.string() + "' 2>&1";
+  ReaderRun run;
+  FILE* pipe = ::popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return run;
+  char buf[4096];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) run.output.append(buf, n);
+  const int status = ::pclose(pipe);
+  run.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+bool have_python() { return std::system("python3 -c 'import json, struct' >/dev/null 2>&1") == 0; }
 
 }  // namespace tsnap::testing

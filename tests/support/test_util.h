@@ -39,4 +39,16 @@ std::vector<std::string> dir_entries(const std::filesystem::path& dir);
 /// Flips one byte of a file at `offset`.
 void flip_byte(const std::filesystem::path& file, uint64_t offset);
 
+/// What the independent safetensors reader (tests/format/safetensors_reader.py) said.
+struct ReaderRun {
+  int status = -1;     ///< Exit status of the reader.
+  std::string output;  ///< Its stdout and stderr.
+};
+
+/// Runs the reference reader on `file` (with `tsnap_rules`: also tsnap's layout rules).
+ReaderRun run_reference_reader(const std::filesystem::path& file, bool tsnap_rules = true);
+
+/// Whether python3 (with json and struct) is there to run it.
+bool have_python();
+
 }  // namespace tsnap::testing
