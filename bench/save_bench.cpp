@@ -10,155 +10,31 @@
 // Also: 10,000 small tensors vs large tensors of the same total, and peak RSS over N saves.
 // Prints medians and min..max, and the ratios the pipeline issue targets.
 
-#include <fcntl.h>
-#include <sys/resource.h>
-#include <tbb/parallel_for.h>
-#include <torch/serialize.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
-#include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <future>
-#include <map>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "io/engine.h"
+#include "measure.h"
 #include "tsnap/snapshotter.h"
 #include "workloads.h"
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
+using tsnap::bench::memcpy_2threads;
+using tsnap::bench::output_bytes;
+using tsnap::bench::peak_rss_kib;
+using tsnap::bench::rss_kib;
+using tsnap::bench::Series;
+using tsnap::bench::torch_save_fsync;
 
 namespace {
-
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-struct Series {
-  std::vector<double> v;
-  void add(double x) { v.push_back(x); }
-  double median() const {
-    std::vector<double> s = v;
-    std::sort(s.begin(), s.end());
-    return s.empty() ? 0 : (s.size() % 2 ? s[s.size() / 2] : (s[s.size() / 2 - 1] + s[s.size() / 2]) / 2);
-  }
-  double min() const { return v.empty() ? 0 : *std::min_element(v.begin(), v.end()); }
-  double max() const { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
-};
-
-long rss_kib() {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
-  }
-  return 0;
-}
-
-long peak_rss_kib() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return ru.ru_maxrss;
-}
-
-uint64_t output_bytes(const tsnap::StateDict& sd, std::optional<at::ScalarType> dtype) {
-  uint64_t n = 0;
-  for (const auto& [k, e] : sd) {
-    const bool floating = at::isFloatingType(e.tensor.scalar_type());
-    n += e.tensor.numel() * (dtype && floating ? c10::elementSize(*dtype) : e.tensor.element_size());
-  }
-  return n;
-}
-
-// Sequential O_DIRECT write of `bytes` through `engine`, `chunk` at a time, `depth` in flight.
-double raw_write(tsnap::io::Engine& engine, const std::string& path, uint64_t bytes,
-                 uint64_t chunk, unsigned depth, std::vector<uint8_t*>& bufs, bool direct) {
-  const auto t0 = Clock::now();
-  const int fd = engine.open(path, O_WRONLY | O_CREAT | O_TRUNC | (direct ? O_DIRECT : 0), 0644);
-  if (fd < 0) throw std::runtime_error("raw: open " + path + " failed");
-  std::mutex mu;
-  std::condition_variable cv;
-  unsigned in_flight = 0;
-  int failed = 0;
-  uint64_t off = 0;
-  size_t next_buf = 0;
-  while (off < bytes) {
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return in_flight < std::min<size_t>(depth, bufs.size()); });
-      ++in_flight;
-    }
-    const uint64_t n = std::min(chunk, (bytes - off + 4095) / 4096 * 4096);
-    engine.write(fd, bufs[next_buf++ % bufs.size()], n, off, -1, [&](int rc) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (rc != 0) failed = rc;
-      --in_flight;
-      cv.notify_one();
-    });
-    off += n;
-  }
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return in_flight == 0; });
-  }
-  engine.fsync(fd);
-  engine.close(fd);
-  const double t = since(t0);
-  if (failed) throw std::runtime_error("raw write failed");
-  fs::remove(path);
-  return t;
-}
-
-double memcpy_2threads(const tsnap::StateDict& sd, std::optional<at::ScalarType> dtype,
-                       uint8_t* dst) {
-  // The same output bytes: for a converted state, copy half the source bytes (what a convert
-  // would write) so that the floor counts output bandwidth only.
-  std::vector<std::pair<const uint8_t*, uint64_t>> pieces;
-  for (const auto& [k, e] : sd) {
-    const uint64_t out = e.tensor.numel() *
-                         (dtype && at::isFloatingType(e.tensor.scalar_type())
-                              ? c10::elementSize(*dtype)
-                              : e.tensor.element_size());
-    pieces.push_back({static_cast<const uint8_t*>(e.tensor.data_ptr()), out});
-  }
-  std::vector<uint64_t> offsets(pieces.size() + 1, 0);
-  for (size_t i = 0; i < pieces.size(); ++i) offsets[i + 1] = offsets[i] + pieces[i].second;
-  const auto t0 = Clock::now();
-  std::thread threads[2];
-  for (int t = 0; t < 2; ++t) {
-    threads[t] = std::thread([&, t] {
-      for (size_t i = t; i < pieces.size(); i += 2) {
-        std::memcpy(dst + offsets[i], pieces[i].first, pieces[i].second);
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
-  return since(t0);
-}
-
-double torch_save_fsync(const tsnap::StateDict& sd, const std::string& path) {
-  std::vector<at::Tensor> tensors;
-  for (const auto& [k, e] : sd) tensors.push_back(e.tensor);
-  const auto t0 = Clock::now();
-  torch::save(tensors, path);
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  ::fsync(fd);
-  ::close(fd);
-  const double t = since(t0);
-  fs::remove(path);
-  return t;
-}
 
 struct Args {
   std::string dir = "bench-tmp";
@@ -184,16 +60,26 @@ Args parse(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (k == "--dir") a.dir = val();
-    else if (k == "--reps") a.reps = std::stoi(val());
-    else if (k == "--scale") a.scale = std::stod(val());
-    else if (k == "--budget-mb") a.budget = std::stoull(val()) << 20;
-    else if (k == "--chunk-mb") a.chunk = std::stoull(val()) << 20;
-    else if (k == "--threads") a.threads = std::stoi(val());
-    else if (k == "--depth") a.depth = static_cast<unsigned>(std::stoul(val()));
-    else if (k == "--soak") a.soak = std::stoi(val());
-    else if (k == "--no-small") a.small = false;
-    else if (k == "--no-torch") a.torch = false;
+    if (k == "--dir")
+      a.dir = val();
+    else if (k == "--reps")
+      a.reps = std::stoi(val());
+    else if (k == "--scale")
+      a.scale = std::stod(val());
+    else if (k == "--budget-mb")
+      a.budget = std::stoull(val()) << 20;
+    else if (k == "--chunk-mb")
+      a.chunk = std::stoull(val()) << 20;
+    else if (k == "--threads")
+      a.threads = std::stoi(val());
+    else if (k == "--depth")
+      a.depth = static_cast<unsigned>(std::stoul(val()));
+    else if (k == "--soak")
+      a.soak = std::stoi(val());
+    else if (k == "--no-small")
+      a.small = false;
+    else if (k == "--no-torch")
+      a.torch = false;
     else {
       std::fprintf(stderr,
                    "usage: %s [--dir D] [--reps N] [--scale S] [--budget-mb M] [--chunk-mb M]\n"
@@ -222,31 +108,21 @@ int main(int argc, char** argv) {
   const uint64_t bf16_bytes = output_bytes(state, at::kBFloat16);
   std::printf("state: %zu tensors, %.3f GB fp32\n", state.size(), f32_bytes / 1e9);
 
-  tsnap::Snapshotter snap({.root = args.dir, .staging_budget_bytes = args.budget,
-                           .chunk_bytes = args.chunk, .stage_threads = args.threads,
-                           .queue_depth = args.depth, .max_in_flight = 1});
+  tsnap::Snapshotter snap({.root = args.dir,
+                           .staging_budget_bytes = args.budget,
+                           .chunk_bytes = args.chunk,
+                           .stage_threads = args.threads,
+                           .queue_depth = args.depth,
+                           .max_in_flight = 1});
   const long rss_pool = rss_kib();
   std::printf("engine: %s, staging budget %.0f MiB, chunk %.0f MiB\n", snap.engine_name().c_str(),
               args.budget / 1048576.0, args.chunk / 1048576.0);
 
-  // The raw baseline uses an engine of the same kind as the snapshotter's, on its own io_context.
-  boost::asio::io_context io;
-  auto guard = boost::asio::make_work_guard(io);
-  std::thread io_thread([&] { io.run(); });
-  std::shared_ptr<tsnap::io::Engine> raw_engine;
+  // The raw baseline uses an engine of the same kind as the snapshotter's, with its own thread.
   const bool uring = snap.engine_name().rfind("io_uring", 0) == 0;
   const bool direct = snap.engine_name().find("O_DIRECT") != std::string::npos;
-  std::string why;
-  raw_engine = uring ? tsnap::io::make_uring_engine(io, args.depth, &why)
-                     : tsnap::io::make_pwrite_engine(4);
   const size_t nraw = std::max<size_t>(2, args.budget / args.chunk);
-  std::vector<uint8_t*> raw_bufs;
-  for (size_t i = 0; i < nraw; ++i) {
-    void* p = nullptr;
-    if (posix_memalign(&p, 4096, args.chunk) != 0) return 1;
-    std::memset(p, 0x5a, args.chunk);
-    raw_bufs.push_back(static_cast<uint8_t*>(p));
-  }
+  tsnap::bench::RawIo raw_io(uring, args.depth, args.chunk, nraw);
   std::vector<uint8_t> warm(f32_bytes);
   std::memset(warm.data(), 1, warm.size());
 
@@ -255,8 +131,7 @@ int main(int argc, char** argv) {
   for (int r = 0; r < args.reps; ++r) {
     std::printf("rep %d/%d: raw", r + 1, args.reps);
     std::fflush(stdout);
-    raw.add(raw_write(*raw_engine, args.dir + "/raw.bin", f32_bytes, args.chunk, args.depth,
-                      raw_bufs, direct));
+    raw.add(raw_io.write(args.dir + "/raw.bin", f32_bytes, direct));
     std::printf(" tsnap-f32");
     std::fflush(stdout);
     auto h = snap.save_async("f32-" + std::to_string(r), state);
@@ -267,8 +142,7 @@ int main(int argc, char** argv) {
     last_bytes_f32 = h.stats().bytes;
     std::printf(" tsnap-bf16");
     std::fflush(stdout);
-    auto hb = snap.save_async("bf16-" + std::to_string(r), state, {},
-                              {.dtype = at::kBFloat16});
+    auto hb = snap.save_async("bf16-" + std::to_string(r), state, {}, {.dtype = at::kBFloat16});
     hb.wait();
     bf16_total.add(hb.stats().total_s);
     bf16_stall.add(hb.stats().stall_s);
@@ -336,8 +210,7 @@ int main(int argc, char** argv) {
     row("large tensors (durable)", tl, small_bytes);
     row("  small: stall", ts_stall, small_bytes);
     row("  small: commit (fsync, manifest)", ts_commit, small_bytes);
-    std::printf("  small / large throughput         %.2f  [>= 0.9]\n",
-                tl.median() / ts.median());
+    std::printf("  small / large throughput         %.2f  [>= 0.9]\n", tl.median() / ts.median());
   }
 
   if (args.soak > 0) {
@@ -356,13 +229,9 @@ int main(int argc, char** argv) {
     std::printf("\nRSS over %d saves: first %.0f MiB, last %.0f MiB, range %.0f..%.0f MiB\n",
                 args.soak, first / 1024.0, last / 1024.0, lo / 1024.0, hi / 1024.0);
   }
-  std::printf("\nmemory: RSS before %.0f MiB, after pool %.0f MiB, peak %.0f MiB; "
-              "staging budget %.0f MiB\n",
-              rss0 / 1024.0, rss_pool / 1024.0, peak_rss_kib() / 1024.0,
-              args.budget / 1048576.0);
-  raw_engine.reset();
-  guard.reset();
-  io_thread.join();
-  for (uint8_t* p : raw_bufs) std::free(p);
+  std::printf(
+      "\nmemory: RSS before %.0f MiB, after pool %.0f MiB, peak %.0f MiB; "
+      "staging budget %.0f MiB\n",
+      rss0 / 1024.0, rss_pool / 1024.0, peak_rss_kib() / 1024.0, args.budget / 1048576.0);
   return 0;
 }

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <vector>
 
 namespace tsnap::bench {
 namespace {
@@ -44,6 +45,36 @@ StateDict gpt2_small_with_adam(double scale) {
   }
   add_param(sd, "ln_f.weight", {d});
   add_param(sd, "ln_f.bias", {d});
+  return sd;
+}
+
+StateDict llama_1b_with_adam(double scale) {
+  at::manual_seed(3);
+  auto dim = [&](int64_t n, int64_t lo) {
+    return std::max<int64_t>(lo, static_cast<int64_t>(n * scale) / 64 * 64);
+  };
+  const int64_t d = dim(2048, 64), ff = dim(5632, 128), kv = dim(256, 64), vocab = dim(32000, 256);
+  StateDict sd;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape) {
+    sd.insert("model." + name, at::randn(shape));
+    sd.insert("optim." + name + ".exp_avg", at::randn(shape));
+    sd.insert("optim." + name + ".exp_avg_sq", at::randn(shape));
+  };
+  add("embed_tokens.weight", {vocab, d});
+  for (int l = 0; l < 22; ++l) {
+    const std::string p = "layers." + std::to_string(l) + ".";
+    add(p + "self_attn.q_proj.weight", {d, d});
+    add(p + "self_attn.k_proj.weight", {kv, d});
+    add(p + "self_attn.v_proj.weight", {kv, d});
+    add(p + "self_attn.o_proj.weight", {d, d});
+    add(p + "mlp.gate_proj.weight", {ff, d});
+    add(p + "mlp.up_proj.weight", {ff, d});
+    add(p + "mlp.down_proj.weight", {d, ff});
+    add(p + "input_layernorm.weight", {d});
+    add(p + "post_attention_layernorm.weight", {d});
+  }
+  add("norm.weight", {d});
+  add("lm_head.weight", {vocab, d});
   return sd;
 }
 

@@ -12,6 +12,10 @@ namespace tsnap::bench {
 /// `scale` in (0, 1] shrinks every layer's width-ish dimension for quick runs.
 StateDict gpt2_small_with_adam(double scale = 1.0);
 
+/// TinyLlama-1.1B-like layer shapes (22 layers, hidden 2048, MLP 5632, 4 KV heads of 64, vocab
+/// 32000) with two Adam moments per parameter: ~13 GB of fp32; `scale` shrinks the widths.
+StateDict llama_1b_with_adam(double scale = 1.0);
+
 /// `count` tensors of 4-64 KiB each (fp32), deterministic sizes.
 StateDict small_tensors(int count);
 

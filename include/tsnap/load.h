@@ -1,35 +1,93 @@
 #pragma once
 /// \file
-/// `tsnap::load` and `tsnap::verify`: reading snapshots back.
+/// Reading snapshots back: `tsnap::load` (into new tensors), `tsnap::load_into` (into existing
+/// tensors, in place, with dtype conversion) and `tsnap::verify`.
+///
+/// Both loads share one read path: the chunks that hold the selected tensors are read whole and
+/// in parallel (io_uring where available, O_DIRECT where the filesystem allows it and the file
+/// is not already in the page cache) into a bounded set of aligned buffers, each chunk's XXH3-64
+/// is checked, and its bytes are copied (or converted) straight into the destination tensors.
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "tsnap/manifest.h"
+#include "tsnap/snapshotter.h"
 #include "tsnap/state_dict.h"
 
 namespace tsnap {
 
-/// Options of a load.
+namespace io {
+class Engine;
+}
+
+/// Options of a load. Designated initialisers read well: `{.include = {"model.*"}}`.
 struct LoadOptions {
-  bool verify = true;                 ///< Check every chunk's XXH3-64 (on by default).
-  std::vector<std::string> include;   ///< Glob patterns of keys to load (empty = all).
-  std::vector<std::string> exclude;   ///< Glob patterns of keys to skip; not with include.
+  bool verify = true;                ///< Check every chunk's XXH3-64 (on by default).
+  std::vector<std::string> include;  ///< Glob patterns of keys to load (empty = all).
+  std::vector<std::string> exclude;  ///< Glob patterns of keys to skip; not with include.
+  /// load_into only: read and verify every selected chunk into read buffers first and write
+  /// the destinations only once all of them are verified, so that a failed load changes
+  /// nothing. The selected chunks must then fit in `read_budget_bytes`.
+  bool atomic = false;
+  /// Bytes of aligned read buffers: bounds the reads in flight and the extra memory of a load
+  /// (a load_into uses no more than this beyond its destinations). Whole chunks are read, so
+  /// at least one chunk is used whatever the budget; reads through the page cache use one
+  /// buffer per core.
+  uint64_t read_budget_bytes = 256ull << 20;
+  /// Read engine: kAuto takes io_uring where the kernel allows it, else a pwrite/pread pool.
+  EngineKind engine = EngineKind::kAuto;
+  /// Read with O_DIRECT where the filesystem allows it and a shard is not mostly in the page
+  /// cache already (cached files are read through the cache, which is faster).
+  bool direct_io = true;
+  int io_threads = 4;  ///< Threads of the pread engine.
+  /// For tests and tools: read through this engine instead of building one.
+  std::shared_ptr<io::Engine> engine_override;
 };
 
 /// Loads a snapshot into new CPU tensors in their stored dtype, bit-identical to what was
-/// saved. Errors: Error(kNotFound), FormatError (kTruncated, kHashMismatch naming file and
-/// chunk, ...), InvalidArgument for bad patterns. Thread-safe.
+/// saved (sharded pieces keep their ShardSpec). Only the selected keys' chunks are read.
+/// Errors: Error(kNotFound) for a missing snapshot or shard; FormatError (kUnsupportedFormat,
+/// kTruncated, kHashMismatch naming file and chunk, ...); IoError naming file and offset;
+/// InvalidArgument for bad patterns. Thread-safe (calls are independent).
+/// Ownership: the returned tensors are new and owned by the caller.
 StateDict load(const std::filesystem::path& path, const LoadOptions& options = {});
+
+/// What a load_into did.
+struct LoadReport {
+  std::vector<std::string> loaded;  ///< Destination keys written, in key order.
+  /// Snapshot keys (selected by include/exclude) that the destination does not have: not read.
+  std::vector<std::string> not_in_destination;
+  uint64_t bytes_read = 0;  ///< Bytes read from the shard files (whole chunks).
+  std::string engine;       ///< "io_uring+O_DIRECT", "io_uring", "pwrite", ... as used.
+  double seconds = 0;       ///< Wall time of the call.
+};
+
+/// Loads a snapshot into the existing tensors of `dest`, in place: the destination keys
+/// selected by include/exclude get the snapshot's values, converted to each destination's
+/// dtype where both are floating (bf16 on disk -> fp32 parameter). Destinations must be
+/// contiguous CPU tensors of the stored shape; integer and bool tensors need the same dtype.
+/// Key, shape and dtype problems are all found from the manifest, and every shard is opened
+/// and size-checked, before any destination byte changes.
+/// Errors: InvalidArgument(kKeyNotFound) listing destination keys the snapshot lacks;
+/// InvalidArgument(kShapeMismatch) listing every shape/dtype mismatch; InvalidArgument for a
+/// non-contiguous or non-CPU destination, or an atomic load larger than the read budget; those
+/// of `load`. A hash or I/O failure found while reading says which destination tensors were
+/// already written (with `atomic`, none ever is).
+/// Thread-safety: `dest`'s tensors must not be used by other threads during the call.
+/// Ownership: writes into `dest`'s storage; `dest` itself (its keys) is not changed.
+LoadReport load_into(const std::filesystem::path& path, StateDict& dest,
+                     const LoadOptions& options = {});
 
 /// One chunk that failed verification.
 struct BadChunk {
   std::string file;
-  uint64_t chunk = 0;       ///< Chunk index in the file.
-  uint64_t offset = 0;      ///< Its byte offset.
-  std::string problem;      ///< "hash mismatch", "truncated", "missing file", ...
+  uint64_t chunk = 0;   ///< Chunk index in the file.
+  uint64_t offset = 0;  ///< Its byte offset.
+  std::string problem;  ///< "hash mismatch", "truncated", "missing file", ...
 };
 
 /// Re-hashes every chunk of every shard. Returns the bad ones (empty = intact).

@@ -25,5 +25,8 @@ struct Command {
 Command add_ls(CLI::App& app);
 Command add_inspect(CLI::App& app);
 Command add_verify(CLI::App& app);
+Command add_cat(CLI::App& app);
+Command add_diff(CLI::App& app);
+Command add_bench(CLI::App& app);
 
 }  // namespace tsnap::cli

@@ -57,7 +57,9 @@ int main_impl(int argc, char** argv) {
   app.failure_message(usage_error);
   app.set_version_flag("--version", version_text(), "Print the version and exit");
   app.require_subcommand(1);
-  const std::vector<Command> commands = {add_ls(app), add_inspect(app), add_verify(app)};
+  const std::vector<Command> commands = {
+      add_ls(app), add_inspect(app), add_verify(app), add_cat(app), add_diff(app), add_bench(app),
+  };
   app.footer(
       "Run 'tsnap SUBCOMMAND --help' for a subcommand's options.\n"
       "Exit status: 0 ok, 1 failed (error or verification failure), 2 usage error.");

@@ -16,8 +16,7 @@ std::vector<Listed> list(const fs::path& root) {
   if (!fs::exists(root, ec)) return out;
   fs::directory_iterator it(root, ec);
   if (ec) {
-    throw IoError(ErrorCode::kIo, "cannot list " + root.string() + ": " + ec.message(),
-                  ec.value());
+    throw IoError(ErrorCode::kIo, "cannot list " + root.string() + ": " + ec.message(), ec.value());
   }
   std::vector<std::pair<int64_t, Listed>> sorted;
   for (const fs::directory_entry& entry : it) {
@@ -64,8 +63,7 @@ std::optional<fs::path> latest(const fs::path& root) {
                              ? md["step"].get<int64_t>()
                              : INT64_MIN;
     if (best == nullptr || step > best_step ||
-        (step == best_step &&
-         l.manifest->created_unix_ns >= best->manifest->created_unix_ns)) {
+        (step == best_step && l.manifest->created_unix_ns >= best->manifest->created_unix_ns)) {
       best = &l;
       best_step = step;
     }

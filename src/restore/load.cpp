@@ -1,14 +1,14 @@
 #include "tsnap/load.h"
 
 #include <ATen/ATen.h>
-#include <tbb/enumerable_thread_specific.h>
-#include <tbb/parallel_for.h>
 
-#include <algorithm>
-#include <cstring>
-#include <map>
+#include <chrono>
 #include <memory>
+#include <optional>
 
+#include "format/dtype.h"
+#include "restore/read_chunks.h"
+#include "restore/read_plan.h"
 #include "restore/shard_reader.h"
 #include "tsnap/error.h"
 #include "util/glob.h"
@@ -16,78 +16,124 @@
 namespace tsnap {
 namespace {
 
-// A chunk to read and the selected tensors that overlap it.
-struct ChunkWork {
-  size_t file;
-  uint64_t chunk;
-  std::vector<size_t> tensors;  // indices into `selected`
-};
+std::vector<std::string> record_names(const Manifest& m) {
+  std::vector<std::string> names;
+  names.reserve(m.tensors.size());
+  for (const TensorRecord& t : m.tensors) names.push_back(t.name);
+  return names;
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& s : items) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+std::string shape_text(at::IntArrayRef shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+// Why `dest` cannot take the stored tensor `r` (shape or dtype), or nothing.
+std::optional<std::string> mismatch(const TensorRecord& r, const at::Tensor& dest) {
+  if (dest.sizes() != at::IntArrayRef(r.shape)) {
+    return "shape " + shape_text(r.shape) + " in the snapshot, " + shape_text(dest.sizes()) +
+           " in the destination";
+  }
+  const at::ScalarType to = dest.scalar_type();
+  if (to != r.dtype && !(format::is_floating(r.dtype) && format::is_floating(to))) {
+    return std::string("dtype ") + c10::toString(r.dtype) +
+           " in the snapshot cannot be loaded into " + c10::toString(to) +
+           " (only floating dtypes convert)";
+  }
+  return std::nullopt;
+}
 
 }  // namespace
 
 StateDict load(const std::filesystem::path& path, const LoadOptions& options) {
   const Manifest m = read_manifest(path);
-  std::vector<std::string> names;
-  names.reserve(m.tensors.size());
-  for (const TensorRecord& t : m.tensors) names.push_back(t.name);
+  const restore::RecordIndex index = restore::index_records(m);
   const std::vector<std::string> keys =
-      detail::select_keys(names, options.include, options.exclude, /*strict=*/false);
-
-  std::vector<const TensorRecord*> selected;
+      detail::select_keys(record_names(m), options.include, options.exclude, /*strict=*/false);
   std::vector<at::Tensor> out;
+  std::vector<restore::Target> targets;
+  out.reserve(keys.size());
   for (const std::string& k : keys) {
-    const TensorRecord* t = m.find(k);
-    selected.push_back(t);
-    out.push_back(at::empty(t->shape, at::TensorOptions().dtype(t->dtype)));
+    const TensorRecord* r = index.at(k);
+    out.push_back(at::empty(r->shape, at::TensorOptions().dtype(r->dtype)));
+    targets.push_back({r, out.back().data_ptr(), r->dtype});
   }
-
-  // Open every shard that holds a selected tensor, and list the chunks to read.
-  std::map<std::string, size_t> file_index;
-  std::vector<std::unique_ptr<restore::ShardReader>> readers;
-  std::map<std::pair<size_t, uint64_t>, std::vector<size_t>> by_chunk;
-  for (size_t i = 0; i < selected.size(); ++i) {
-    const TensorRecord& t = *selected[i];
-    auto [it, inserted] = file_index.emplace(t.file, readers.size());
-    if (inserted) {
-      readers.push_back(std::make_unique<restore::ShardReader>(path, *m.find_file(t.file), m));
-    }
-    const FileRecord& f = readers[it->second]->file();
-    if (t.begin == t.end) continue;
-    for (uint64_t c = t.begin / f.chunk_bytes; c <= (t.end - 1) / f.chunk_bytes; ++c) {
-      by_chunk[{it->second, c}].push_back(i);
-    }
-  }
-  std::vector<ChunkWork> work;
-  for (auto& [key, tensors] : by_chunk) work.push_back({key.first, key.second, tensors});
-
-  uint64_t max_chunk = 0;
-  for (const auto& r : readers) max_chunk = std::max(max_chunk, r->file().chunk_bytes);
-  tbb::enumerable_thread_specific<std::vector<uint8_t>> buffers(
-      [&] { return std::vector<uint8_t>(max_chunk); });
-  tbb::parallel_for(size_t{0}, work.size(), [&](size_t w) {
-    const ChunkWork& cw = work[w];
-    const restore::ShardReader& reader = *readers[cw.file];
-    std::vector<uint8_t>& buf = buffers.local();
-    const uint64_t len = reader.read_chunk(cw.chunk, buf.data(), options.verify);
-    const uint64_t lo = cw.chunk * reader.file().chunk_bytes;
-    const uint64_t hi = lo + len;
-    for (size_t i : cw.tensors) {
-      const TensorRecord& t = *selected[i];
-      const uint64_t a = std::max(lo, t.begin);
-      const uint64_t b = std::min(hi, t.end);
-      if (a < b) {
-        std::memcpy(static_cast<uint8_t*>(out[i].data_ptr()) + (a - t.begin),
-                    buf.data() + (a - lo), b - a);
-      }
-    }
-  });
+  LoadOptions streaming = options;
+  streaming.atomic = false;  // new tensors: a failed load returns nothing anyway
+  restore::read_chunks(path, m, targets, restore::plan_reads(m, targets, options.verify), streaming,
+                       /*in_place=*/false);
 
   StateDict result;
-  for (size_t i = 0; i < selected.size(); ++i) {
-    StateEntry& e = result.insert(selected[i]->name, std::move(out[i]));
-    e.shard = selected[i]->shard;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    StateEntry& e = result.insert(keys[i], std::move(out[i]));
+    e.shard = targets[i].record->shard;
   }
   return result;
+}
+
+LoadReport load_into(const std::filesystem::path& path, StateDict& dest,
+                     const LoadOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Manifest m = read_manifest(path);
+  const restore::RecordIndex index = restore::index_records(m);
+  const std::vector<std::string> keys =
+      detail::select_keys(dest.keys(), options.include, options.exclude, /*strict=*/false);
+
+  // Every problem is found from the manifest before any destination byte changes.
+  std::vector<std::string> missing, mismatched, unusable;
+  std::vector<restore::Target> targets;
+  for (const std::string& k : keys) {
+    const auto it = index.find(k);
+    if (it == index.end()) {
+      missing.push_back(k);
+      continue;
+    }
+    const at::Tensor& t = dest.at(k);
+    if (!t.device().is_cpu() || t.layout() != at::kStrided || !t.is_contiguous()) {
+      unusable.push_back(k);
+    } else if (const auto why = mismatch(*it->second, t)) {
+      mismatched.push_back(k + ": " + *why);
+    } else {
+      targets.push_back({it->second, t.data_ptr(), t.scalar_type()});
+    }
+  }
+  const std::string where = " (snapshot " + path.string() + "); nothing was written";
+  if (!missing.empty()) {
+    throw InvalidArgument(ErrorCode::kKeyNotFound,
+                          std::to_string(missing.size()) +
+                              " destination keys are not in the snapshot: " + join(missing) +
+                              where);
+  }
+  if (!mismatched.empty()) {
+    throw InvalidArgument(ErrorCode::kShapeMismatch,
+                          std::to_string(mismatched.size()) +
+                              " tensors do not fit their destination: " + join(mismatched) + where);
+  }
+  if (!unusable.empty()) {
+    throw InvalidArgument(ErrorCode::kInvalidArgument,
+                          "destinations must be contiguous CPU tensors: " + join(unusable) + where);
+  }
+
+  LoadReport report;
+  for (const std::string& k :
+       detail::select_keys(record_names(m), options.include, options.exclude, false)) {
+    if (!dest.contains(k)) report.not_in_destination.push_back(k);
+  }
+  const restore::ReadStats stats =
+      restore::read_chunks(path, m, targets, restore::plan_reads(m, targets, options.verify),
+                           options, /*in_place=*/true);
+  report.loaded = keys;
+  report.bytes_read = stats.bytes;
+  report.engine = stats.engine;
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return report;
 }
 
 std::vector<BadChunk> verify(const std::filesystem::path& path) {
@@ -101,7 +147,7 @@ std::vector<BadChunk> verify(const std::filesystem::path& path) {
       bad.push_back({f.name, 0, 0, e.what()});
       continue;
     }
-    std::vector<uint8_t> buf(f.chunk_bytes);
+    std::vector<uint8_t> buf(reader->chunk_length(0));
     for (uint64_t c = 0; c < f.chunk_hashes.size(); ++c) {
       try {
         const uint64_t len = reader->read_chunk(c, buf.data(), /*verify=*/false);

@@ -1,11 +1,14 @@
 #include "restore/shard_reader.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <map>
+#include <vector>
 
 #include "common/sys_error.h"
 #include "format/hash.h"
@@ -59,8 +62,8 @@ ShardReader::ShardReader(const std::filesystem::path& dir, const FileRecord& fil
                       it->second->end + header.data_offset == t.end;
     if (!same) {
       ::close(fd_);
-      throw FormatError(ErrorCode::kBadManifest, "shard " + path_ + ": header entry of '" +
-                                                     t.name + "' disagrees with the manifest");
+      throw FormatError(ErrorCode::kBadManifest, "shard " + path_ + ": header entry of '" + t.name +
+                                                     "' disagrees with the manifest");
     }
   }
   if (expected != header.tensors.size() || header.data_offset != file.data_offset) {
@@ -74,34 +77,62 @@ ShardReader::~ShardReader() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+uint64_t ShardReader::chunk_length(uint64_t c) const {
+  const uint64_t begin = c * file_.chunk_bytes;
+  return std::min(file_.size, begin + file_.chunk_bytes) - begin;
+}
+
 uint64_t ShardReader::read_chunk(uint64_t c, uint8_t* buf, bool verify) const {
   const uint64_t begin = c * file_.chunk_bytes;
-  const uint64_t len = std::min(file_.size, begin + file_.chunk_bytes) - begin;
+  const uint64_t len = chunk_length(c);
   uint64_t got = 0;
   while (got < len) {
     const ssize_t n = ::pread(fd_, buf + got, len - got, static_cast<off_t>(begin + got));
     if (n < 0) {
       if (errno == EINTR) continue;
-      detail::throw_sys_error(-errno, "read " + path_ + " at offset " + std::to_string(begin + got));
+      detail::throw_sys_error(-errno,
+                              "read " + path_ + " at offset " + std::to_string(begin + got));
     }
-    if (n == 0) {
-      throw FormatError(ErrorCode::kTruncated, "shard " + path_ + " ends at offset " +
-                                                   std::to_string(begin + got) +
-                                                   " inside chunk " + std::to_string(c));
-    }
+    if (n == 0) throw_short_chunk(c, begin + got);
     got += static_cast<uint64_t>(n);
   }
-  if (verify && !chunk_ok(c, buf, len)) {
-    throw FormatError(ErrorCode::kHashMismatch,
-                      "shard " + path_ + ": chunk " + std::to_string(c) + " at offset " +
-                          std::to_string(begin) + " (" + std::to_string(len) +
-                          " bytes) does not match its XXH3-64 hash: the file is corrupt");
-  }
+  if (verify && !chunk_ok(c, buf, len)) throw_hash_mismatch(c);
   return len;
 }
 
 bool ShardReader::chunk_ok(uint64_t c, const uint8_t* buf, uint64_t len) const {
   return c < file_.chunk_hashes.size() && format::hash64(buf, len) == file_.chunk_hashes[c];
+}
+
+void ShardReader::throw_hash_mismatch(uint64_t c) const {
+  throw FormatError(ErrorCode::kHashMismatch,
+                    "shard " + path_ + ": chunk " + std::to_string(c) + " at offset " +
+                        std::to_string(c * file_.chunk_bytes) + " (" +
+                        std::to_string(chunk_length(c)) +
+                        " bytes) does not match its XXH3-64 hash: the file is corrupt");
+}
+
+void ShardReader::throw_short_chunk(uint64_t c, uint64_t end) const {
+  throw FormatError(ErrorCode::kTruncated, "shard " + path_ + " ends at offset " +
+                                               std::to_string(end) + " inside chunk " +
+                                               std::to_string(c) + "; the manifest says " +
+                                               std::to_string(file_.size) + " bytes (truncated)");
+}
+
+double ShardReader::cached_fraction() const {
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  if (file_.size == 0) return 0;
+  void* map = ::mmap(nullptr, file_.size, PROT_READ, MAP_SHARED, fd_, 0);
+  if (map == MAP_FAILED) return 0;
+  std::vector<unsigned char> resident((file_.size + page - 1) / page);
+  double fraction = 0;
+  if (::mincore(map, file_.size, resident.data()) == 0) {
+    size_t in = 0;
+    for (unsigned char r : resident) in += r & 1;
+    fraction = static_cast<double>(in) / static_cast<double>(resident.size());
+  }
+  ::munmap(map, file_.size);
+  return fraction;
 }
 
 }  // namespace tsnap::restore

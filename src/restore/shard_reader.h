@@ -1,6 +1,8 @@
 #pragma once
-// Reading one shard file of a committed snapshot chunk by chunk, checking it against the
-// manifest: exact size (truncation), header agreement, and each chunk's XXH3-64.
+// One shard file of a committed snapshot, opened and checked against the manifest: it exists,
+// its size is exact (truncation), and its safetensors header describes the same tensors. The
+// restore paths (load, load_into, the lazy reader, verify) all open shards through it, so every
+// one of them reports a missing, truncated or corrupt shard with the same error.
 
 #include <cstdint>
 #include <filesystem>
@@ -12,24 +14,35 @@ namespace tsnap::restore {
 
 class ShardReader {
  public:
-  /// Opens `<dir>/<file.name>` and checks its size and its safetensors header against `file`
-  /// and the manifest's tensors. Errors: Error(kNotFound) for a missing file,
-  /// FormatError(kTruncated) naming the sizes, FormatError(kBadManifest) for a header that
-  /// disagrees with the manifest.
+  /// Opens `<dir>/<file.name>` (buffered, read-only) and checks its size and its safetensors
+  /// header against `file` and the manifest's tensors. `file` must outlive the reader.
+  /// Errors: Error(kNotFound) for a missing file, FormatError(kTruncated) naming the sizes,
+  /// FormatError(kBadManifest) for a header that disagrees with the manifest, IoError.
   ShardReader(const std::filesystem::path& dir, const FileRecord& file, const Manifest& manifest);
   ~ShardReader();
   ShardReader(const ShardReader&) = delete;
   ShardReader& operator=(const ShardReader&) = delete;
 
-  /// Reads chunk `c` into `buf` (at least file.chunk_bytes long); returns its length.
+  /// Bytes of chunk `c` (chunk_bytes, or less for the last one).
+  uint64_t chunk_length(uint64_t c) const;
+  /// Reads chunk `c` into `buf` (at least chunk_length(c) long) with pread; returns its length.
   /// With `verify`, throws FormatError(kHashMismatch) naming file, chunk and offset.
-  /// Thread-safe (pread).
+  /// Thread-safe.
   uint64_t read_chunk(uint64_t c, uint8_t* buf, bool verify) const;
   /// Whether chunk `c` (already read into `buf`, `len` bytes) has the recorded hash.
   bool chunk_ok(uint64_t c, const uint8_t* buf, uint64_t len) const;
+  /// FormatError(kHashMismatch) naming the file, chunk `c` and its offset.
+  [[noreturn]] void throw_hash_mismatch(uint64_t c) const;
+  /// FormatError(kTruncated): the file ended at offset `end`, inside chunk `c`.
+  [[noreturn]] void throw_short_chunk(uint64_t c, uint64_t end) const;
+  /// Fraction (0..1) of the file's pages that are in the page cache now (mincore); 0 when it
+  /// cannot be told.
+  double cached_fraction() const;
 
   const FileRecord& file() const { return file_; }
   const std::string& path() const { return path_; }
+  /// The buffered descriptor (owned; closed by the destructor).
+  int fd() const { return fd_; }
 
  private:
   const FileRecord& file_;

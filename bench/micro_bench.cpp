@@ -1,0 +1,93 @@
+// Google Benchmark micro-benchmarks of the hot kernels of a save: the staging copy with
+// fp32 -> bf16 conversion (stage::convert), chunk hashing (format::hash64, XXH3-64), and the
+// staging of many small tensors (stage::fill_chunk over a plan from plan::make_plan).
+//
+//   build-bench/bench/tsnap_bench_micro --benchmark_min_time=0.2
+
+#include <ATen/ATen.h>
+#include <benchmark/benchmark.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "format/hash.h"
+#include "plan/plan.h"
+#include "stage/convert.h"
+#include "stage/fill.h"
+#include "workloads.h"
+
+namespace {
+
+struct AlignedFree {
+  void operator()(void* p) const { std::free(p); }
+};
+using AlignedBuffer = std::unique_ptr<uint8_t, AlignedFree>;
+
+AlignedBuffer aligned_buffer(size_t bytes) {
+  void* p = nullptr;
+  if (posix_memalign(&p, 4096, bytes) != 0) throw std::bad_alloc();
+  std::memset(p, 0, bytes);
+  return AlignedBuffer(static_cast<uint8_t*>(p));
+}
+
+// Copy + convert of `range(0)` fp32 elements to bf16 (or a plain fp32 copy for comparison).
+void BM_ConvertF32ToBf16(benchmark::State& state) {
+  const size_t n = static_cast<size_t>(state.range(0));
+  const at::Tensor src = at::randn({static_cast<int64_t>(n)});
+  AlignedBuffer dst = aligned_buffer(n * 2);
+  for (auto _ : state) {
+    tsnap::stage::convert(src.data_ptr(), at::kFloat, dst.get(), at::kBFloat16, n);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * n * 4));  // bytes read
+}
+BENCHMARK(BM_ConvertF32ToBf16)->Arg(1 << 16)->Arg(1 << 22)->Arg(1 << 24);
+
+void BM_CopyF32(benchmark::State& state) {
+  const size_t n = static_cast<size_t>(state.range(0));
+  const at::Tensor src = at::randn({static_cast<int64_t>(n)});
+  AlignedBuffer dst = aligned_buffer(n * 4);
+  for (auto _ : state) {
+    tsnap::stage::convert(src.data_ptr(), at::kFloat, dst.get(), at::kFloat, n);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * n * 4));
+}
+BENCHMARK(BM_CopyF32)->Arg(1 << 16)->Arg(1 << 22)->Arg(1 << 24);
+
+// XXH3-64 of one chunk of `range(0)` bytes.
+void BM_Hash64(benchmark::State& state) {
+  const size_t n = static_cast<size_t>(state.range(0));
+  AlignedBuffer buf = aligned_buffer(n);
+  for (size_t i = 0; i < n; ++i) buf.get()[i] = static_cast<uint8_t>(i * 131);
+  for (auto _ : state) benchmark::DoNotOptimize(tsnap::format::hash64(buf.get(), n));
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * n));
+}
+BENCHMARK(BM_Hash64)->Arg(64 << 10)->Arg(4 << 20)->Arg(16 << 20);
+
+// Staging every chunk of a plan of `range(0)` small tensors (4-64 KiB each), 16 MiB chunks.
+void BM_FillSmallTensors(benchmark::State& state) {
+  const tsnap::StateDict sd = tsnap::bench::small_tensors(static_cast<int>(state.range(0)));
+  const uint64_t chunk = 16ull << 20;
+  const tsnap::plan::Plan plan = tsnap::plan::make_plan(sd, {}, chunk, "micro", 1);
+  std::vector<tsnap::stage::Sources> sources;
+  for (const auto& file : plan.files) sources.push_back(tsnap::stage::prepare_sources(file));
+  AlignedBuffer buf = aligned_buffer(chunk);
+  for (auto _ : state) {
+    for (size_t f = 0; f < plan.files.size(); ++f) {
+      for (uint64_t c = 0; c < plan.files[f].num_chunks(); ++c) {
+        benchmark::DoNotOptimize(tsnap::stage::fill_chunk(plan.files[f], sources[f], c, buf.get()));
+      }
+    }
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * plan.total_bytes));
+  state.counters["tensors"] = static_cast<double>(plan.num_tensors);
+}
+BENCHMARK(BM_FillSmallTensors)->Arg(1000)->Arg(10000)->Unit(benchmark::kMillisecond);
+
+}  // namespace
+
+BENCHMARK_MAIN();

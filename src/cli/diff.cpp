@@ -1,0 +1,138 @@
+// `tsnap diff A B`: which tensors of two snapshots differ and by how much. Like diff(1), it
+// exits 0 when they hold the same tensors with the same values and 1 when anything differs.
+// Tensors are read through the lazy reader (verified chunks) and compared in slices, bytes
+// first, so that equal tensors cost one memcmp and memory stays small.
+
+#include <ATen/ATen.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/output.h"
+#include "tsnap/reader.h"
+
+namespace tsnap::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kSlice = 1 << 20;  // elements compared at once
+
+struct DiffOptions {
+  fs::path a, b;
+  double atol = 0;
+  bool no_verify = false;
+};
+
+struct Difference {
+  double max_abs = 0;  ///< inf where one side is nan and the other not, or infinities differ
+  int64_t elements = 0;
+};
+
+// Compares two tensors of one shape element by element. nan equals nan here: a diff reports
+// changed values, and a nan that stayed a nan did not change.
+Difference compare(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor x = a.reshape({-1}), y = b.reshape({-1});
+  const bool same_dtype = a.scalar_type() == b.scalar_type();
+  Difference d;
+  for (int64_t i = 0; i < x.numel(); i += kSlice) {
+    const int64_t n = std::min(kSlice, x.numel() - i);
+    const at::Tensor xs = x.narrow(0, i, n), ys = y.narrow(0, i, n);
+    if (same_dtype && std::memcmp(xs.data_ptr(), ys.data_ptr(), xs.nbytes()) == 0) continue;
+    const at::Tensor xd = xs.to(at::kDouble), yd = ys.to(at::kDouble);
+    const at::Tensor xn = xd.isnan(), yn = yd.isnan();
+    const at::Tensor abs = (xd - yd)
+                               .abs_()
+                               .masked_fill_(xd == yd, 0)
+                               .masked_fill_(xn & yn, 0)
+                               .masked_fill_(xn ^ yn, std::numeric_limits<double>::infinity());
+    d.max_abs = std::max(d.max_abs, abs.max().item<double>());
+    d.elements += (abs > 0).sum().item<int64_t>();
+  }
+  return d;
+}
+
+std::string number(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.6g", v);
+  return text;
+}
+
+int run_diff(const DiffOptions& options) {
+  const SnapshotReader ra = open(options.a, {.verify = !options.no_verify});
+  const SnapshotReader rb = open(options.b, {.verify = !options.no_verify});
+  std::vector<std::string> keys = ra.keys();
+  for (const std::string& k : rb.keys()) {
+    if (!ra.contains(k)) keys.push_back(k);
+  }
+  std::sort(keys.begin(), keys.end());
+
+  Table table({"", "TENSOR", "DIFFERENCE"});
+  int64_t only_a = 0, only_b = 0, differ = 0, common = 0;
+  for (const std::string& k : keys) {
+    if (!rb.contains(k)) {
+      table.add_row({"-", k, "only in A"});
+      ++only_a;
+      continue;
+    }
+    if (!ra.contains(k)) {
+      table.add_row({"+", k, "only in B"});
+      ++only_b;
+      continue;
+    }
+    ++common;
+    const TensorRecord &x = ra.record(k), &y = rb.record(k);
+    std::string dtypes;
+    if (x.dtype != y.dtype)
+      dtypes = " (" + dtype_string(x.dtype) + " vs " + dtype_string(y.dtype) + ")";
+    if (x.shape != y.shape) {
+      table.add_row(
+          {"!", k, "shape " + shape_string(x.shape) + " vs " + shape_string(y.shape) + dtypes});
+      ++differ;
+      continue;
+    }
+    const Difference d = compare(ra.read(k), rb.read(k));
+    if (d.max_abs <= options.atol && dtypes.empty()) continue;
+    table.add_row({"!", k,
+                   "max abs diff " + number(d.max_abs) + " in " + std::to_string(d.elements) +
+                       " of " + count_of(x.numel(), "element", "elements") + dtypes});
+    ++differ;
+  }
+  if (!table.empty()) table.print(std::cout);
+  if (only_a + only_b + differ == 0) {
+    std::cout << "identical: " << count_of(common, "tensor", "tensors") << '\n';
+    return kExitOk;
+  }
+  std::cout << differ << " of " << count_of(common, "common tensor", "common tensors")
+            << " differ; " << only_a << " only in A, " << only_b << " only in B\n";
+  return kExitFailed;
+}
+
+}  // namespace
+
+Command add_diff(CLI::App& app) {
+  auto options = std::make_shared<DiffOptions>();
+  CLI::App* sub = app.add_subcommand("diff", "Compare the tensors of two snapshots");
+  sub->footer(
+      "List the tensors that differ between snapshots A and B: keys only in one of them (-, +), "
+      "and common keys whose shape or dtype differs or whose values differ by more than --atol "
+      "(!), with the largest absolute difference and how many elements differ (nan equals "
+      "nan). Exit status, like diff(1): 0 identical, 1 different (or an error).");
+  sub->add_option("A", options->a, "First snapshot directory")->required()->type_name("DIR");
+  sub->add_option("B", options->b, "Second snapshot directory")->required()->type_name("DIR");
+  sub->add_option("--atol", options->atol, "Values within this absolute difference are equal")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_flag("--no-verify", options->no_verify, "Do not check the chunks' hashes");
+  return {sub, [options] { return run_diff(*options); }};
+}
+
+}  // namespace tsnap::cli

@@ -1,0 +1,407 @@
+#include "restore/read_chunks.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <system_error>
+#include <thread>
+
+#include "common/sys_error.h"
+#include "io/engine.h"
+#include "restore/shard_reader.h"
+#include "stage/convert.h"
+#include "tsnap/error.h"
+
+namespace tsnap::restore {
+namespace {
+
+constexpr uint64_t kAlign = 4096;           // O_DIRECT length and buffer alignment
+constexpr uint64_t kMaxChunk = 1ull << 30;  // engine reads report their length as an int
+constexpr double kMostlyCached = 0.5;       // read such a file through the page cache
+constexpr size_t kMaxNamed = 100;           // names listed in a mid-stream error
+
+uint64_t align_up(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+// The engine of one load and, for io_uring, the io thread that reaps its completions.
+// kAuto takes io_uring for O_DIRECT reads and a pread pool for reads through the page cache,
+// whose copies then run on several threads instead of the ring's one.
+class EngineSession {
+ public:
+  EngineSession(const LoadOptions& o, bool any_direct, unsigned depth) {
+    if (o.engine_override) {
+      engine_ = o.engine_override;
+      return;
+    }
+    if (o.engine == EngineKind::kUring || (o.engine == EngineKind::kAuto && any_direct)) {
+      work_.emplace(io_.get_executor());
+      thread_ = std::thread([this] { io_.run(); });
+      std::string why;
+      engine_ = io::make_uring_engine(io_, depth, &why);
+      if (!engine_) {
+        stop();
+        if (o.engine == EngineKind::kUring) {
+          throw Error(ErrorCode::kUnsupported, "io_uring is not available here: " + why);
+        }
+      }
+    }
+    if (!engine_) engine_ = io::make_pwrite_engine(o.io_threads);
+  }
+  ~EngineSession() {
+    engine_.reset();  // an io_uring engine closes itself on the io thread
+    stop();
+  }
+  EngineSession(const EngineSession&) = delete;
+  EngineSession& operator=(const EngineSession&) = delete;
+  io::Engine& engine() { return *engine_; }
+
+ private:
+  void stop() {
+    if (!thread_.joinable()) return;
+    work_.reset();
+    thread_.join();
+  }
+
+  boost::asio::io_context io_;
+  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
+  std::thread thread_;
+  std::shared_ptr<io::Engine> engine_;
+};
+
+// A shard of the plan: checked against the manifest, and the descriptor its chunks are read
+// from (an extra O_DIRECT one where used).
+struct OpenShard {
+  std::unique_ptr<ShardReader> reader;
+  int direct_fd = -1;
+  OpenShard() = default;
+  OpenShard(const OpenShard&) = delete;
+  OpenShard& operator=(const OpenShard&) = delete;
+  ~OpenShard() {
+    if (direct_fd >= 0) ::close(direct_fd);
+  }
+  int fd() const { return direct_fd >= 0 ? direct_fd : reader->fd(); }
+};
+
+// A finished read: the job (index into plan.chunks), its buffer and the engine's result.
+struct Completion {
+  size_t job = 0;
+  int buf = 0;
+  int result = 0;
+};
+
+// The read buffers of one load: aligned, and not pre-faulted, so that the first read into a
+// page faults it in while the other reads are in flight instead of before the first one.
+class ReadBuffers {
+ public:
+  ReadBuffers(size_t count, uint64_t bytes) : size_(count * bytes), bytes_(bytes) {
+    void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      detail::throw_sys_error(-errno,
+                              "allocate " + std::to_string(size_) + " bytes of read buffers");
+    }
+    base_ = static_cast<uint8_t*>(p);
+  }
+  ~ReadBuffers() { ::munmap(base_, size_); }
+  ReadBuffers(const ReadBuffers&) = delete;
+  ReadBuffers& operator=(const ReadBuffers&) = delete;
+  uint8_t* data(int i) const { return base_ + static_cast<uint64_t>(i) * bytes_; }
+
+ private:
+  uint8_t* base_ = nullptr;
+  uint64_t size_;
+  uint64_t bytes_;
+};
+
+// Copies (or converts) the chunk in `buf` into the targets of its pieces and counts the bytes
+// written per target.
+void scatter(const ChunkRead& c, const uint8_t* buf, const std::vector<Target>& targets,
+             std::vector<std::atomic<uint64_t>>& written) {
+  for (const Piece& p : c.pieces) {
+    const Target& t = targets[p.target];
+    const at::ScalarType from = t.record->dtype;
+    const uint8_t* src = buf + p.chunk_off;
+    if (from == t.dtype) {
+      std::memcpy(static_cast<uint8_t*>(t.data) + p.tensor_off, src, p.len);
+    } else {
+      const uint64_t in = c10::elementSize(from);
+      uint8_t* dst = static_cast<uint8_t*>(t.data) + p.tensor_off / in * c10::elementSize(t.dtype);
+      stage::convert(src, from, dst, t.dtype, p.len / in);
+    }
+    written[p.target].fetch_add(p.len, std::memory_order_relaxed);
+  }
+}
+
+// Runs `work` on the calling thread and on up to `extra` more threads, and joins them. Never
+// throws for a thread that cannot be started (the calling thread does the work then).
+void on_threads(size_t extra, const std::function<void()>& work) {
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < extra; ++i) {
+    try {
+      threads.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;
+    }
+  }
+  work();
+  for (std::thread& t : threads) t.join();
+}
+
+// One load's reads in flight. Processors (the calling thread and helpers) take finished reads
+// one at a time, check and scatter them, and reuse each buffer for the next read. Nothing here
+// throws: the first error (by chunk order) is kept, and stops new reads.
+class Reads {
+ public:
+  Reads(const ReadPlan& plan, const std::vector<Target>& targets,
+        const std::vector<OpenShard>& shards, io::Engine& engine, const ReadBuffers& buffers,
+        const LoadOptions& options)
+      : plan_(plan),
+        targets_(targets),
+        shards_(shards),
+        engine_(engine),
+        buffers_(buffers),
+        options_(options),
+        written_(targets.size()) {}
+
+  // Submits the next chunk's read into buffer `buf`, unless none is left or the run stopped.
+  void submit(int buf) {
+    size_t job;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopped_ || next_ == plan_.chunks.size()) return;
+      job = next_++;
+      ++pending_;
+    }
+    const ChunkRead& c = plan_.chunks[job];
+    const OpenShard& s = shards_[c.file];
+    // O_DIRECT reads whole blocks; the last chunk of a file then simply reads short.
+    const uint64_t len = s.direct_fd >= 0 ? align_up(c.length) : c.length;
+    engine_.read(s.fd(), buffers_.data(buf), len, c.offset, -1, [this, job, buf](int result) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ready_.push_back({job, buf, result});
+      }
+      cv_.notify_one();
+    });
+  }
+
+  // A processor's loop: returns when every read submitted is back and no more will be.
+  void process() {
+    for (;;) {
+      Completion d;
+      bool skip;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return !ready_.empty() || finished(); });
+        if (ready_.empty()) return;
+        d = ready_.front();
+        ready_.pop_front();
+        --pending_;
+        skip = stopped_;
+      }
+      if (!skip) {
+        try {
+          check(d);
+          if (!options_.atomic) {
+            scatter(plan_.chunks[d.job], buffers_.data(d.buf), targets_, written_);
+          }
+        } catch (...) {
+          fail(d.job, std::current_exception());
+        }
+      }
+      if (options_.atomic) {
+        std::lock_guard<std::mutex> lock(mu_);
+        deferred_.push_back(d);
+      } else {
+        submit(d.buf);
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finished()) cv_.notify_all();  // let the other processors leave
+    }
+  }
+
+  // Atomic loads, once every chunk is verified: scatters them all.
+  void scatter_deferred(size_t extra_threads) {
+    std::atomic<size_t> next{0};
+    on_threads(extra_threads, [&] {
+      for (size_t i; (i = next++) < deferred_.size();) {
+        const Completion& d = deferred_[i];
+        scatter(plan_.chunks[d.job], buffers_.data(d.buf), targets_, written_);
+      }
+    });
+  }
+
+  std::exception_ptr error() const { return error_; }
+  const std::vector<std::atomic<uint64_t>>& written() const { return written_; }
+
+ private:
+  bool finished() const { return pending_ == 0 && (stopped_ || next_ == plan_.chunks.size()); }
+
+  // Length (truncation) and hash of a finished read.
+  void check(const Completion& d) const {
+    const ChunkRead& c = plan_.chunks[d.job];
+    const ShardReader& r = *shards_[c.file].reader;
+    if (d.result < 0) {
+      detail::throw_sys_error(d.result, "read " + r.path() + " chunk " + std::to_string(c.chunk) +
+                                            " at offset " + std::to_string(c.offset));
+    }
+    if (static_cast<uint64_t>(d.result) < c.length) {
+      r.throw_short_chunk(c.chunk, c.offset + static_cast<uint64_t>(d.result));
+    }
+    if (options_.verify && !r.chunk_ok(c.chunk, buffers_.data(d.buf), c.length)) {
+      r.throw_hash_mismatch(c.chunk);
+    }
+  }
+
+  void fail(size_t job, std::exception_ptr e) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!error_ || job < error_job_) {
+        error_ = std::move(e);
+        error_job_ = job;
+      }
+      stopped_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  const ReadPlan& plan_;
+  const std::vector<Target>& targets_;
+  const std::vector<OpenShard>& shards_;
+  io::Engine& engine_;
+  const ReadBuffers& buffers_;
+  const LoadOptions& options_;
+  std::vector<std::atomic<uint64_t>> written_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Completion> ready_;  // finished reads not yet taken by a processor
+  size_t next_ = 0;               // next job to submit
+  size_t pending_ = 0;            // submitted and not yet taken
+  bool stopped_ = false;          // an error was found: submit nothing more
+  std::exception_ptr error_;
+  size_t error_job_ = 0;
+  std::vector<Completion> deferred_;  // atomic: verified chunks, scattered at the end
+};
+
+// "; 2 of 4 destination tensors were already written: a, b (partly)".
+std::string written_note(const std::vector<Target>& targets,
+                         const std::vector<std::atomic<uint64_t>>& written) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const uint64_t w = written[i].load();
+    if (w == 0) continue;
+    names.push_back(targets[i].record->name + (w < targets[i].record->nbytes() ? " (partly)" : ""));
+  }
+  if (names.empty()) return "; no destination tensor was written";
+  std::string note = "; " + std::to_string(names.size()) + " of " + std::to_string(targets.size()) +
+                     " destination tensors were already written: ";
+  for (size_t i = 0; i < names.size() && i < kMaxNamed; ++i) {
+    note += (i ? ", " : "") + names[i];
+  }
+  if (names.size() > kMaxNamed) {
+    note += ", and " + std::to_string(names.size() - kMaxNamed) + " more";
+  }
+  return note;
+}
+
+// Rethrows `e` with `note` appended to its message, keeping its class, code and errno.
+[[noreturn]] void rethrow_with(std::exception_ptr e, const std::string& note) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const FormatError& x) {
+    throw FormatError(x.code(), x.what() + note, x.sys_errno());
+  } catch (const IoError& x) {
+    throw IoError(x.code(), x.what() + note, x.sys_errno());
+  } catch (const InvalidArgument& x) {
+    throw InvalidArgument(x.code(), x.what() + note, x.sys_errno());
+  } catch (const Error& x) {
+    throw Error(x.code(), x.what() + note, x.sys_errno());
+  }
+}
+
+}  // namespace
+
+ReadStats read_chunks(const std::filesystem::path& dir, const Manifest& manifest,
+                      const std::vector<Target>& targets, const ReadPlan& plan,
+                      const LoadOptions& options, bool in_place) {
+  ReadStats stats;
+  if (plan.chunks.empty()) return stats;
+  if (plan.max_chunk_length > kMaxChunk) {
+    throw Error(ErrorCode::kUnsupported, "a chunk of " + std::to_string(plan.max_chunk_length) +
+                                             " bytes is larger than the reader's limit of " +
+                                             std::to_string(kMaxChunk));
+  }
+  const uint64_t buf_bytes = align_up(plan.max_chunk_length);
+  const size_t n = plan.chunks.size();
+  size_t count =
+      static_cast<size_t>(std::clamp<uint64_t>(options.read_budget_bytes / buf_bytes, 1, n));
+  if (options.atomic) {
+    count = n;
+    if (n * buf_bytes > options.read_budget_bytes) {
+      throw InvalidArgument(ErrorCode::kInvalidArgument,
+                            "an atomic load of these keys stages " + std::to_string(n) +
+                                " chunks (" + std::to_string(n * buf_bytes) +
+                                " bytes), more than read_budget_bytes (" +
+                                std::to_string(options.read_budget_bytes) +
+                                "): raise the budget or select fewer keys");
+    }
+  }
+
+  // Open and check every shard before anything is read or written.
+  std::vector<OpenShard> shards(plan.files.size());
+  for (size_t i = 0; i < plan.files.size(); ++i) {
+    shards[i].reader = std::make_unique<ShardReader>(dir, *plan.files[i], manifest);
+  }
+  bool direct = options.direct_io;
+  for (OpenShard& s : shards) {
+    if (!direct || s.reader->cached_fraction() >= kMostlyCached) continue;
+    s.direct_fd = ::open(s.reader->path().c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (s.direct_fd < 0 && errno == EINVAL) {
+      direct = false;  // the filesystem refuses O_DIRECT (tmpfs): read through the cache
+    } else if (s.direct_fd < 0) {
+      detail::throw_sys_error(-errno, "open " + s.reader->path() + " with O_DIRECT");
+    }
+  }
+  const bool any_direct = std::any_of(shards.begin(), shards.end(),
+                                      [](const OpenShard& s) { return s.direct_fd >= 0; });
+  EngineSession session(options, any_direct, static_cast<unsigned>(std::min<size_t>(count, 128)));
+  io::Engine& engine = session.engine();
+  stats.engine = engine.name() + (any_direct ? "+O_DIRECT" : "");
+
+  const size_t cores = std::max(1u, std::thread::hardware_concurrency());
+  if (!any_direct && !options.atomic) {
+    // Reads through the page cache are copies, not waits: one buffer per processor keeps
+    // them cache-friendly, and no more threads run than there are cores.
+    count = std::min(count, cores);
+  }
+  const size_t extra = std::min(count, cores) - 1;  // processor threads besides this one
+
+  // Not registered with io_uring: buffers live for one load, and registering pins (faults in)
+  // all of them before the first read, which costs more than it saves here.
+  const ReadBuffers buffers(count, buf_bytes);
+  Reads reads(plan, targets, shards, engine, buffers, options);
+  for (size_t b = 0; b < count; ++b) reads.submit(static_cast<int>(b));
+  // From here until every read is back, nothing throws: the reads use this frame.
+  on_threads(extra, [&] { reads.process(); });
+  if (const std::exception_ptr error = reads.error()) {
+    rethrow_with(error, in_place && !options.atomic ? written_note(targets, reads.written()) : "");
+  }
+  if (options.atomic) reads.scatter_deferred(extra);
+  stats.bytes = plan.bytes;
+  return stats;
+}
+
+}  // namespace tsnap::restore

@@ -1,0 +1,41 @@
+#pragma once
+// Executes a ReadPlan: the one read path of `load` and `load_into`.
+//
+// 1. Open every shard of the plan (missing / truncated / disagreeing shards fail here, before
+//    any destination byte changes) and read each with O_DIRECT unless direct I/O is off, the
+//    filesystem refuses it, or the file is mostly in the page cache already.
+// 2. Keep up to `read_budget_bytes / chunk` whole-chunk reads in flight through an io::Engine
+//    (io_uring, or a pread pool) into aligned buffers allocated for the load (through the page
+//    cache, where reads are copies rather than waits, one buffer per core).
+// 3. Processors (the calling thread plus one thread per further core) take finished reads one
+//    at a time, check the length (truncation) and the XXH3-64, copy or convert the chunk's
+//    pieces into the targets, and reuse the buffer for the next read. No unverified byte ever
+//    reaches a target.
+// With `atomic` every chunk keeps its buffer until all are verified; only then are they
+// scattered. On the first failure no new read is issued, the reads in flight are drained, and
+// the error is rethrown, naming (unless atomic) the targets already written.
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "restore/read_plan.h"
+#include "tsnap/load.h"
+
+namespace tsnap::restore {
+
+/// What a read did.
+struct ReadStats {
+  uint64_t bytes = 0;  ///< Bytes read (whole chunks).
+  std::string engine;  ///< Engine name, "+O_DIRECT" when any file was read with it.
+};
+
+/// Reads `plan` (made from `targets` of the manifest of the snapshot in `dir`) into `targets`.
+/// Uses options.verify, atomic, read_budget_bytes, engine, direct_io, io_threads and
+/// engine_override. `in_place`: the targets are the caller's tensors, so a mid-stream error
+/// names those already written. Errors: as tsnap::load_into.
+ReadStats read_chunks(const std::filesystem::path& dir, const Manifest& manifest,
+                      const std::vector<Target>& targets, const ReadPlan& plan,
+                      const LoadOptions& options, bool in_place);
+
+}  // namespace tsnap::restore
