@@ -7,13 +7,5 @@
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-"$repo/scripts/install-deps.sh"
-
-launcher=()
-if command -v ccache >/dev/null 2>&1; then
-  launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-fi
-cmake -S "$repo" -B "$repo/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}"
-cmake --build "$repo/build" -j "${JOBS:-$(nproc)}" \
-  --target tsnap_example_train tsnap_example_save_load tsnap_cli
+"$repo/scripts/build.sh" tsnap_example_train tsnap_example_save_load tsnap_cli
 "$repo/build/examples/tsnap_example_train" "$@"
