@@ -7,8 +7,9 @@
 //            of the snapshot just written (warm page cache);
 //   torch    torch::save + fsync and torch::load (warm) of the same tensors;
 // for each value of an optional swept parameter, and prints a table with ratios (or JSON / CSV),
-// optionally a gnuplot PNG. Everything it writes lives in one directory under --dir that is
-// removed on every way out.
+// optionally a gnuplot PNG. With --timeline it instead simulates a training loop and gives the
+// per-step time without and with snapshots every N steps (see run_timeline). Everything it writes
+// lives in one directory under --dir that is removed on every way out.
 
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -65,6 +66,10 @@ struct BenchOptions {
   bool csv = false;
   std::string sweep;
   std::string plot;
+  bool timeline = false;
+  int steps = 60;
+  int every = 10;
+  double step_ms = 100;
 };
 
 // "4096", "64K", "16M", "1G" (binary multiples). Throws std::invalid_argument.
@@ -255,9 +260,8 @@ void apply(const std::string& param, const std::string& value, SnapshotterOption
   if (param == "budget") so->staging_budget_bytes = parse_size(value);
 }
 
-PointResult run_point(const BenchOptions& o, const Sweep& sweep, size_t index,
-                      const StateDict& state, const fs::path& work, uint8_t* floor_buf,
-                      Progress& progress) {
+SnapshotterOptions snapshotter_options(const BenchOptions& o, const StateDict& state,
+                                       const fs::path& work) {
   SnapshotterOptions so;
   so.root = work;
   so.chunk_bytes = parse_size(o.chunk);
@@ -272,6 +276,13 @@ PointResult run_point(const BenchOptions& o, const Sweep& sweep, size_t index,
                                      : EngineKind::kAuto;
   so.direct_io = o.direct == "on";
   so.max_in_flight = 1;
+  return so;
+}
+
+PointResult run_point(const BenchOptions& o, const Sweep& sweep, size_t index,
+                      const StateDict& state, const fs::path& work, uint8_t* floor_buf,
+                      Progress& progress) {
+  SnapshotterOptions so = snapshotter_options(o, state, work);
   PointResult r;
   if (!sweep.param.empty()) {
     r.value = sweep.values[index];
@@ -526,6 +537,350 @@ void plot(const BenchOptions& o, const Sweep& sweep, const std::vector<PointResu
   }
 }
 
+// --timeline: a simulated training loop on the workload state, run twice (without snapshots, then
+// with save_async every --every steps), recording each step's wall time and the stall of the
+// snapshot steps. A step is "compute" (in-place mul_/add_ passes over scratch copies of some of
+// the state's tensors, standing for forward/backward and the gradients: the state itself is left
+// alone, so a lazy save may stage while it runs) and then an "optimizer step" that changes every
+// floating tensor of the state in place, so each snapshot must be point-in-time exact. The
+// number of compute passes is calibrated in warm-up steps so that a step takes about --step-ms.
+struct StepRecord {
+  double without_s = 0;
+  double with_s = 0;
+  double stall_s = 0;      // save_async + wait_staged (lazy) inside this step
+  bool snapshot = false;   // a save started at the end of this step
+  bool in_flight = false;  // a save was still writing when this step ended
+};
+
+struct SaveRecord {
+  std::string name;
+  int step = 0;
+  double stall_s = 0;  // save_async + wait_staged, wherever they fell
+  double durable_s = 0;
+  uint64_t bytes = 0;
+};
+
+struct Timeline {
+  std::string engine;
+  int passes = 0;
+  uint64_t scratch_bytes = 0;
+  double pass_ms = 0;
+  double optimizer_ms = 0;
+  std::vector<StepRecord> steps;
+  std::vector<SaveRecord> saves;
+  double mean(bool with) const {
+    double t = 0;
+    for (const StepRecord& s : steps) t += with ? s.with_s : s.without_s;
+    return steps.empty() ? 0 : t / static_cast<double>(steps.size());
+  }
+  double overhead_pct() const { return mean(false) > 0 ? (mean(true) / mean(false) - 1) * 100 : 0; }
+  double max_stall() const {
+    double m = 0;
+    for (const SaveRecord& s : saves) m = std::max(m, s.stall_s);
+    return m;
+  }
+};
+
+class TrainSim {
+ public:
+  TrainSim(const StateDict& state, double step_ms) {
+    constexpr uint64_t kScratchMax = 32ull << 20;
+    for (const auto& [key, e] : state) {
+      if (!e.tensor.is_floating_point()) continue;
+      params_.push_back(e.tensor);
+      if (scratch_bytes_ < kScratchMax) {
+        scratch_.push_back(e.tensor.detach().clone());
+        scratch_bytes_ += e.tensor.nbytes();
+      }
+    }
+    // Calibrate: time single passes and optimizer steps, then size the compute.
+    Series pass, opt;
+    for (int i = 0; i < 5; ++i) {
+      auto t0 = Clock::now();
+      compute_pass();
+      pass.add(bench::since(t0));
+      t0 = Clock::now();
+      optimizer_step();
+      opt.add(bench::since(t0));
+    }
+    pass_ms_ = pass.median() * 1e3;
+    optimizer_ms_ = opt.median() * 1e3;
+    passes_ = std::max(
+        1, static_cast<int>(std::lround((step_ms - optimizer_ms_) / std::max(pass_ms_, 1e-3))));
+  }
+  void compute() {
+    for (int i = 0; i < passes_; ++i) compute_pass();
+  }
+  void optimizer_step() {
+    for (at::Tensor& t : params_) t.add_(1e-3);
+  }
+  // Scales the compute so that a step measured at `measured_ms` takes about `target_ms`.
+  void rescale(double target_ms, double measured_ms) {
+    const double compute_ms = measured_ms - optimizer_ms_;
+    if (compute_ms <= 0) return;
+    passes_ = std::max(
+        1, static_cast<int>(std::lround(passes_ * (target_ms - optimizer_ms_) / compute_ms)));
+  }
+  int passes() const { return passes_; }
+  uint64_t scratch_bytes() const { return scratch_bytes_; }
+  double pass_ms() const { return pass_ms_; }
+  double optimizer_ms() const { return optimizer_ms_; }
+
+ private:
+  void compute_pass() {
+    for (at::Tensor& g : scratch_) g.mul_(0.999).add_(1e-6);
+  }
+  std::vector<at::Tensor> params_;
+  std::vector<at::Tensor> scratch_;
+  uint64_t scratch_bytes_ = 0;
+  int passes_ = 1;
+  double pass_ms_ = 0, optimizer_ms_ = 0;
+};
+
+Timeline run_timeline(const BenchOptions& o, const StateDict& state, const fs::path& work,
+                      Progress& progress) {
+  // Built first, so that both runs see its threads and pre-faulted staging pool.
+  Snapshotter snap(snapshotter_options(o, state, work));
+  progress.show("timeline: calibrating the step...");
+  TrainSim sim(state, o.step_ms);
+  Timeline tl;
+  tl.engine = snap.engine_name();
+  tl.scratch_bytes = sim.scratch_bytes();
+  tl.pass_ms = sim.pass_ms();
+  tl.optimizer_ms = sim.optimizer_ms();
+  tl.steps.resize(static_cast<size_t>(o.steps));
+  for (int round = 0; round < 2; ++round) {  // refine on whole steps, then they are warm
+    Series step;
+    for (int i = 0; i < 3; ++i) {
+      const auto t0 = Clock::now();
+      sim.compute();
+      sim.optimizer_step();
+      step.add(bench::since(t0));
+    }
+    sim.rescale(o.step_ms, step.median() * 1e3);
+  }
+  tl.passes = sim.passes();
+
+  for (int i = 0; i < o.steps; ++i) {
+    if (i % 10 == 0) {
+      progress.show("timeline: without snapshots, step " + std::to_string(i + 1) + "/" +
+                    std::to_string(o.steps));
+    }
+    const auto t0 = Clock::now();
+    sim.compute();
+    sim.optimizer_step();
+    tl.steps[static_cast<size_t>(i)].without_s = bench::since(t0);
+  }
+
+  for (int i = 0; i < 2; ++i) {  // the same warm-up before each run
+    sim.compute();
+    sim.optimizer_step();
+  }
+  SaveOptions save;
+  save.dtype = dtype_of(o.dtype);
+  save.staging = o.lazy ? Staging::kLazy : Staging::kEager;
+  save.overwrite = true;
+  std::vector<SaveHandle> handles;  // one per tl.saves entry
+  SaveHandle current;               // the newest save
+  SaveHandle previous;              // the one before: removed once `current` commits
+  SaveHandle stale;                 // one older still there when a save starts
+  bool staged = true;               // lazy: whether `current` was waited staged
+  auto retire = [&]() {  // keep only the newest committed snapshot (outside the timed steps)
+    if (previous.valid() && current.done()) {
+      previous.wait();
+      std::error_code ignored;
+      fs::remove_all(previous.path(), ignored);
+      previous = SaveHandle();
+    }
+  };
+  for (int i = 0; i < o.steps; ++i) {
+    if (i % 10 == 0) {
+      progress.show("timeline: with snapshots every " + std::to_string(o.every) + ", step " +
+                    std::to_string(i + 1) + "/" + std::to_string(o.steps));
+    }
+    StepRecord& rec = tl.steps[static_cast<size_t>(i)];
+    const auto t0 = Clock::now();
+    sim.compute();
+    if (!staged) {  // lazy: the tensors are about to change
+      const auto ts = Clock::now();
+      current.wait_staged();
+      const double s = bench::since(ts);
+      rec.stall_s += s;
+      tl.saves.back().stall_s += s;
+      staged = true;
+    }
+    sim.optimizer_step();
+    if ((i + 1) % o.every == 0) {
+      const std::string name = "step-" + std::to_string(i + 1);
+      const auto ts = Clock::now();
+      SaveHandle h = snap.save_async(name, state, nlohmann::json{{"step", i + 1}}, save);
+      const double s = bench::since(ts);
+      rec.stall_s += s;
+      rec.snapshot = true;
+      if (current.valid()) {
+        if (previous.valid()) stale = previous;  // removed after the step's time is taken
+        previous = current;
+      }
+      current = h;
+      handles.push_back(h);
+      staged = !o.lazy;
+      tl.saves.push_back({name, i + 1, s, 0, 0});
+    }
+    rec.with_s = bench::since(t0);
+    rec.in_flight = current.valid() && !current.done();
+    if (stale.valid()) {
+      stale.wait();
+      std::error_code ignored;
+      fs::remove_all(stale.path(), ignored);
+      stale = SaveHandle();
+    }
+    retire();
+  }
+  if (!staged) {  // the last save's staging, after the last step (counted in its stall)
+    const auto ts = Clock::now();
+    current.wait_staged();
+    tl.saves.back().stall_s += bench::since(ts);
+  }
+  if (current.valid()) current.wait();
+  retire();
+  for (size_t k = 0; k < handles.size(); ++k) {
+    handles[k].wait();
+    const SaveStats st = handles[k].stats();
+    tl.saves[k].durable_s = st.total_s;
+    tl.saves[k].bytes = st.bytes;
+  }
+  if (current.valid()) {
+    std::error_code ignored;
+    fs::remove_all(current.path(), ignored);
+  }
+  return tl;
+}
+
+std::string ms(double s) { return fixed(s * 1e3, 1); }
+
+void print_timeline_table(const BenchOptions& o, const std::string& workload, uint64_t in_bytes,
+                          size_t tensors, const Timeline& tl) {
+  std::cout << "workload: " << workload << ", " << tensors << " tensors, " << human_bytes(in_bytes)
+            << " fp32, stored as " << o.dtype << "\n";
+  std::cout << "timeline: " << o.steps << " steps of ~" << fixed(o.step_ms, 0)
+            << " ms (compute: " << tl.passes << " passes of " << fixed(tl.pass_ms, 2) << " ms over "
+            << human_bytes(tl.scratch_bytes) << " of scratch; optimizer step "
+            << fixed(tl.optimizer_ms, 2) << " ms over the whole state), snapshot every " << o.every
+            << " steps, engine " << tl.engine << (o.lazy ? ", lazy staging" : ", eager staging")
+            << "\n";
+  if (tl.optimizer_ms >= o.step_ms) {
+    std::cout << "note: the optimizer step alone takes longer than --step-ms; steps are longer\n";
+  }
+  std::cout << '\n';
+  Table table({"STEP", "WITHOUT ms", "WITH ms", "STALL ms", ""});
+  for (size_t c = 0; c < 4; ++c) table.set_numeric(c);
+  for (size_t i = 0; i < tl.steps.size(); ++i) {
+    const StepRecord& s = tl.steps[i];
+    std::string mark;
+    if (s.snapshot) mark = "snapshot";
+    if (s.in_flight) mark += mark.empty() ? "(writing)" : " (writing)";
+    table.add_row({std::to_string(i + 1), ms(s.without_s), ms(s.with_s),
+                   s.stall_s > 0 ? fixed(s.stall_s * 1e3, 2) : "", mark});
+  }
+  table.print(std::cout);
+  std::cout << "\nsaves:\n";
+  Table saves({"NAME", "STALL ms", "DURABLE s", "SIZE"});
+  saves.set_numeric(1);
+  saves.set_numeric(2);
+  saves.set_numeric(3);
+  for (const SaveRecord& r : tl.saves) {
+    saves.add_row({r.name, fixed(r.stall_s * 1e3, 2), fixed(r.durable_s, 3), human_bytes(r.bytes)});
+  }
+  saves.print(std::cout);
+  std::cout << "\nmean step time: " << ms(tl.mean(false)) << " ms without snapshots, "
+            << ms(tl.mean(true)) << " ms with (overhead " << fixed(tl.overhead_pct(), 2)
+            << "%); max stall " << fixed(tl.max_stall() * 1e3, 2) << " ms\n";
+}
+
+void print_timeline_json(const BenchOptions& o, const std::string& workload, uint64_t in_bytes,
+                         size_t tensors, const Timeline& tl) {
+  nlohmann::json j;
+  j["workload"] = {{"description", workload}, {"tensors", tensors}, {"fp32_bytes", in_bytes}};
+  j["options"] = {{"preset", o.tensors ? std::string("custom") : o.preset},
+                  {"size", o.size},
+                  {"dtype", o.dtype},
+                  {"steps", o.steps},
+                  {"every", o.every},
+                  {"step_ms", o.step_ms},
+                  {"lazy", o.lazy},
+                  {"engine", tl.engine}};
+  j["calibration"] = {{"passes", tl.passes},
+                      {"pass_ms", tl.pass_ms},
+                      {"scratch_bytes", tl.scratch_bytes},
+                      {"optimizer_ms", tl.optimizer_ms}};
+  j["steps"] = nlohmann::json::array();
+  for (size_t i = 0; i < tl.steps.size(); ++i) {
+    const StepRecord& s = tl.steps[i];
+    j["steps"].push_back({{"step", i + 1},
+                          {"without_s", s.without_s},
+                          {"with_s", s.with_s},
+                          {"stall_s", s.stall_s},
+                          {"snapshot", s.snapshot},
+                          {"in_flight", s.in_flight}});
+  }
+  j["saves"] = nlohmann::json::array();
+  for (const SaveRecord& r : tl.saves) {
+    j["saves"].push_back({{"name", r.name},
+                          {"step", r.step},
+                          {"stall_s", r.stall_s},
+                          {"durable_s", r.durable_s},
+                          {"bytes", r.bytes}});
+  }
+  j["summary"] = {{"mean_step_without_s", tl.mean(false)},
+                  {"mean_step_with_s", tl.mean(true)},
+                  {"overhead_pct", tl.overhead_pct()},
+                  {"max_stall_s", tl.max_stall()}};
+  std::cout << j.dump(2) << '\n';
+}
+
+void print_timeline_csv(const Timeline& tl) {
+  std::cout << "step,without_s,with_s,stall_s,snapshot,in_flight\n";
+  for (size_t i = 0; i < tl.steps.size(); ++i) {
+    const StepRecord& s = tl.steps[i];
+    std::cout << i + 1 << ',' << s.without_s << ',' << s.with_s << ',' << s.stall_s << ','
+              << (s.snapshot ? 1 : 0) << ',' << (s.in_flight ? 1 : 0) << '\n';
+  }
+}
+
+// Per-step time of both runs; the snapshot steps are marked.
+void plot_timeline(const BenchOptions& o, const Timeline& tl, const fs::path& work) {
+  const fs::path data = work / "timeline.dat";
+  const fs::path script = work / "timeline.gp";
+  {
+    std::ofstream d(data);
+    for (size_t i = 0; i < tl.steps.size(); ++i) {
+      const StepRecord& s = tl.steps[i];
+      d << i + 1 << ' ' << s.without_s * 1e3 << ' ' << s.with_s * 1e3 << ' ' << (s.snapshot ? 1 : 0)
+        << ' ' << (s.in_flight ? 1 : 0) << '\n';
+    }
+  }
+  const bool cairo = std::system("gnuplot -e 'set terminal pngcairo' >/dev/null 2>&1") == 0;
+  {
+    std::ofstream g(script);
+    g << "set terminal " << (cairo ? "pngcairo" : "png") << " size 960,420\n"
+      << "set output '" << o.plot << "'\n"
+      << "set title 'training step time, snapshot every " << o.every << " steps ("
+      << (o.tensors ? "custom" : o.preset) << ", " << o.dtype << (o.lazy ? ", lazy" : ", eager")
+      << "; overhead " << fixed(tl.overhead_pct(), 1) << "%)'\n"
+      << "set xlabel 'step'\nset ylabel 'ms'\nset yrange [0:*]\nset key outside right top\n"
+      << "set grid ytics\n"
+      << "plot '" << data.string() << "' using 1:2 with lines lw 2 title 'without snapshots', "
+      << "'' using 1:3 with lines lw 2 title 'with snapshots', "
+      << "'' using 1:($5>0?$3:1/0) with points pt 6 ps 1 title 'save writing', "
+      << "'' using 1:($4>0?$3:1/0) with points pt 7 ps 1.6 title 'snapshot taken'\n";
+  }
+  const std::string cmd = "gnuplot '" + script.string() + "'";
+  if (std::system(cmd.c_str()) != 0) {
+    throw std::runtime_error("gnuplot failed to draw " + o.plot +
+                             " (is gnuplot installed? scripts/install-deps.sh)");
+  }
+}
+
 int run_bench(const BenchOptions& o) {
   const Sweep sweep = parse_sweep(o.sweep);  // validated at parse time
   if (o.budget != "auto" && parse_size(o.budget) < parse_size(o.chunk)) {
@@ -562,13 +917,37 @@ int run_bench(const BenchOptions& o) {
   struct statvfs fsinfo {};
   if (::statvfs(work.c_str(), &fsinfo) == 0) {
     const uint64_t free_bytes = static_cast<uint64_t>(fsinfo.f_bavail) * fsinfo.f_frsize;
-    const uint64_t need = in_bytes + in_bytes / 10 + (64ull << 20);
+    // --timeline: the newest snapshot and the one before it, until the newest commits.
+    const uint64_t need = (o.timeline ? 2 : 1) * (in_bytes + in_bytes / 10) + (64ull << 20);
     if (free_bytes < need) {
       progress.done();
       std::cerr << "tsnap: error: not enough free space in " << o.dir << ": the benchmark needs "
                 << human_bytes(need) << ", " << human_bytes(free_bytes) << " free\n";
       return kExitFailed;
     }
+  }
+
+  if (o.timeline) {
+    Timeline tl;
+    try {
+      tl = run_timeline(o, state, work, progress);
+    } catch (...) {
+      progress.done();
+      throw;
+    }
+    progress.done();
+    if (o.json) {
+      print_timeline_json(o, workload, in_bytes, state.size(), tl);
+    } else if (o.csv) {
+      print_timeline_csv(tl);
+    } else {
+      print_timeline_table(o, workload, in_bytes, state.size(), tl);
+    }
+    if (!o.plot.empty()) {
+      plot_timeline(o, tl, work);
+      std::cerr << "plot written to " << o.plot << '\n';
+    }
+    return kExitOk;
   }
 
   std::vector<uint8_t> floor_buf(bench::output_bytes(state, dtype_of(o.dtype)));
@@ -612,7 +991,8 @@ Command add_bench(CLI::App& app) {
       "directory inside --dir, removed on exit.\n"
       "Examples:\n"
       "  tsnap bench --preset gpt2-small --size 0.1 --reps 2\n"
-      "  tsnap bench --sweep chunk=4M,16M,64M --plot chunk.png --dir /data");
+      "  tsnap bench --sweep chunk=4M,16M,64M --plot chunk.png --dir /data\n"
+      "  tsnap bench --timeline --steps 60 --every 10 --step-ms 100 --plot timeline.png");
   const auto size_check = CLI::Validator(check_size, "SIZE");
   sub->add_option("--preset", o->preset,
                   "Workload: gpt2-small, llama-1b (13 GB at --size 1), small-tensors or mixed")
@@ -658,21 +1038,40 @@ Command add_bench(CLI::App& app) {
   sub->add_flag("--no-restore", o->no_restore, "Skip tsnap::load");
   auto* json = sub->add_flag("--json", o->json, "Print the results as JSON");
   sub->add_flag("--csv", o->csv, "Print the results as CSV")->excludes(json);
-  sub->add_option("--sweep", o->sweep,
-                  "Run the set once per value: threads=1,2 | chunk=4M,16M,64M | depth=8,32 | "
-                  "budget=256M,1G")
-      ->check(CLI::Validator(
-          [](std::string& s) -> std::string {
-            try {
-              parse_sweep(s);
-              return "";
-            } catch (const std::exception& e) {
-              return s + ": " + e.what();
-            }
-          },
-          "PARAM=V1,V2"));
-  sub->add_option("--plot", o->plot, "Draw GB/s against the swept parameter into a PNG (gnuplot)")
+  auto* sweep_opt =
+      sub->add_option("--sweep", o->sweep,
+                      "Run the set once per value: threads=1,2 | chunk=4M,16M,64M | depth=8,32 | "
+                      "budget=256M,1G")
+          ->check(CLI::Validator(
+              [](std::string& s) -> std::string {
+                try {
+                  parse_sweep(s);
+                  return "";
+                } catch (const std::exception& e) {
+                  return s + ": " + e.what();
+                }
+              },
+              "PARAM=V1,V2"));
+  sub->add_option("--plot", o->plot,
+                  "Draw GB/s against the swept parameter (with --timeline: the per-step "
+                  "time) into a PNG (gnuplot)")
       ->type_name("PNG");
+  auto* timeline = sub->add_flag("--timeline", o->timeline,
+                                 "Simulate a training loop: per-step time without and with a "
+                                 "snapshot every --every steps")
+                       ->excludes(sweep_opt);
+  sub->add_option("--steps", o->steps, "--timeline: steps per run")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str()
+      ->needs(timeline);
+  sub->add_option("--every", o->every, "--timeline: snapshot every N steps")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str()
+      ->needs(timeline);
+  sub->add_option("--step-ms", o->step_ms, "--timeline: target step time in ms (calibrated)")
+      ->check(CLI::Range(1.0, 600000.0))
+      ->capture_default_str()
+      ->needs(timeline);
   return {sub, [o] { return run_bench(*o); }};
 }
 
