@@ -33,6 +33,7 @@
 #include "io/engine.h"
 #include "tsnap/load.h"
 #include "tsnap/save.h"
+#include "measure.h"
 #include "workloads.h"
 
 namespace fs = std::filesystem;
@@ -40,22 +41,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-struct Series {
-  std::vector<double> v;
-  void add(double x) { v.push_back(x); }
-  double median() const {
-    std::vector<double> s = v;
-    std::sort(s.begin(), s.end());
-    if (s.empty()) return 0;
-    return s.size() % 2 ? s[s.size() / 2] : (s[s.size() / 2 - 1] + s[s.size() / 2]) / 2;
-  }
-  double min() const { return v.empty() ? 0 : *std::min_element(v.begin(), v.end()); }
-  double max() const { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
-};
+using tsnap::bench::Series;
+using tsnap::bench::since;
 
 long status_kib(const char* field) {
   std::ifstream in("/proc/self/status");
