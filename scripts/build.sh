@@ -1,16 +1,27 @@
 #!/usr/bin/env bash
-# Installs the dependencies and builds tsnap in build/ (Ninja, RelWithDebInfo, ccache when
-# present). Arguments are build targets (none: everything). JOBS=N overrides the parallelism.
+# Installs the dependencies and builds tsnap (Ninja, RelWithDebInfo, ccache when present).
+# Arguments are build targets (none: everything).
+#   TSNAP_TORCH=wheel  (default) against LibTorch 2.x from the torch wheel (.venv/), in build/
+#   TSNAP_TORCH=debian against Debian's libtorch-dev 1.13, in build-debian/
+# TSNAP_BUILD_DIR overrides the build directory, JOBS=N the parallelism (a LibTorch translation
+# unit takes about 1 GB to compile).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-"$repo/scripts/install-deps.sh"
+kind="${TSNAP_TORCH:-wheel}"
+case "$kind" in
+  wheel) build_dir="${TSNAP_BUILD_DIR:-$repo/build}" ;;
+  debian) build_dir="${TSNAP_BUILD_DIR:-$repo/build-debian}" ;;
+  *) echo "build: TSNAP_TORCH must be wheel or debian, not '$kind'" >&2; exit 2 ;;
+esac
+TSNAP_TORCH="$kind" "$repo/scripts/install-deps.sh"
 
 launcher=()
 if command -v ccache >/dev/null 2>&1; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
 fi
-cmake -S "$repo" -B "$repo/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}"
+cmake -S "$repo" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTSNAP_TORCH="$kind" \
+  "${launcher[@]}" | grep -E "^-- tsnap:|Error|error" || true
 targets=()
 for t in "$@"; do targets+=(--target "$t"); done
-cmake --build "$repo/build" -j "${JOBS:-$(nproc)}" "${targets[@]}"
+cmake --build "$build_dir" -j "${JOBS:-$(nproc)}" "${targets[@]}"

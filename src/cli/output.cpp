@@ -26,14 +26,6 @@ std::string human_bytes(uint64_t n) {
   return text;
 }
 
-std::string shape_string(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) text += ", ";
-    text += std::to_string(shape[i]);
-  }
-  return text + "]";
-}
 
 std::string dtype_string(at::ScalarType t) { return std::string(format::dtype_name(t)); }
 

@@ -9,12 +9,14 @@
 #include <string>
 #include <vector>
 
+#include "common/shape.h"
+
 namespace tsnap::cli {
 
 /// "512 B", "1.5 KiB", "297.3 MiB", ... (binary units, one decimal above bytes).
 std::string human_bytes(uint64_t n);
 /// "[768, 2304]"; "[]" for a scalar.
-std::string shape_string(const std::vector<int64_t>& shape);
+using detail::shape_string;
 /// The dtype's name in the format ("F32", "BF16", ...), as MANIFEST.json and the shards spell it.
 std::string dtype_string(at::ScalarType t);
 /// Local time "YYYY-MM-DD HH:MM:SS" of a Unix time in nanoseconds.

@@ -11,6 +11,7 @@
 #include <optional>
 #include <tuple>
 
+#include "common/shape.h"
 #include "format/dtype.h"
 #include "format/json_writer.h"
 #include "tsnap/error.h"
@@ -22,18 +23,7 @@ using nlohmann::json;
 
 constexpr const char* kMetadataKey = "__metadata__";
 
-std::string shape_string(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i == 8) {
-      out += ", ...";
-      break;
-    }
-    if (i > 0) out += ", ";
-    out += std::to_string(shape[i]);
-  }
-  return out + "]";
-}
+using detail::shape_string;
 
 std::string range_string(uint64_t begin, uint64_t end) {
   return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";

@@ -49,14 +49,16 @@ std::string iso8601(std::chrono::system_clock::time_point t) {
 }  // namespace
 
 SaveJob::SaveJob(Resources& res, plan::Plan plan, CommitPaths paths, nlohmann::json metadata,
-                 bool overwrite, Clock::time_point started, std::function<void()> on_finished)
+                 bool overwrite, Clock::time_point started, std::function<void()> release_slot,
+                 std::function<void()> on_completed)
     : res_(res),
       plan_(std::move(plan)),
       paths_(std::move(paths)),
       metadata_(std::move(metadata)),
       overwrite_(overwrite),
       started_(started),
-      on_finished_(std::move(on_finished)),
+      release_slot_(std::move(release_slot)),
+      on_completed_(std::move(on_completed)),
       state_(std::make_shared<detail::SaveState>()) {
   state_->path = paths_.final;
   SaveStats& s = state_->stats;
@@ -225,8 +227,12 @@ void SaveJob::finish() {
     s.total_s = seconds(Clock::now() - started_);
     s.bytes = plan_.total_bytes + manifest_bytes;
   }
+  // Whatever a next save could need (the in-flight slot; the staging buffers went back as their
+  // writes completed) is released before the handle completes: once wait() returns or an
+  // on_complete callback runs, a new save is admitted at once.
+  if (release_slot_) release_slot_();
   state_->complete(error);
-  if (on_finished_) on_finished_();
+  if (on_completed_) on_completed_();
 }
 
 std::string SaveJob::manifest_text() const {

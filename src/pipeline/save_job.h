@@ -27,9 +27,11 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
  public:
   using Clock = std::chrono::steady_clock;
 
-  /// `on_finished` runs after the handle completes (admission bookkeeping).
+  /// Admission bookkeeping: `release_slot` runs just before the handle completes (so that a
+  /// save started once wait() returns is admitted), `on_completed` just after (wait_all()).
   SaveJob(Resources& res, plan::Plan plan, CommitPaths paths, nlohmann::json metadata,
-          bool overwrite, Clock::time_point started, std::function<void()> on_finished);
+          bool overwrite, Clock::time_point started, std::function<void()> release_slot,
+          std::function<void()> on_completed);
 
   /// Creates the temporary directory and opens the shard files; throws on failure (nothing is
   /// left behind).
@@ -54,7 +56,8 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   nlohmann::json metadata_;
   bool overwrite_;
   Clock::time_point started_;
-  std::function<void()> on_finished_;
+  std::function<void()> release_slot_;
+  std::function<void()> on_completed_;
   std::shared_ptr<detail::SaveState> state_;
 
   std::vector<int> fds_;

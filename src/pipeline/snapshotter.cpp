@@ -30,13 +30,15 @@ struct Snapshotter::Impl {
   pipeline::Resources res;
   std::mutex mu;
   std::condition_variable cv;
-  int in_flight = 0;
+  int in_flight = 0;  // saves holding an admission slot
+  int running = 0;    // saves whose handle has not completed yet (>= in_flight)
 
   explicit Impl(SnapshotterOptions options);
   ~Impl();
   void choose_engine();
   void admit();
-  void finished();
+  void release_slot();
+  void completed();
 };
 
 namespace {
@@ -143,7 +145,7 @@ void Snapshotter::Impl::choose_engine() {
 Snapshotter::Impl::~Impl() {
   {
     std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return in_flight == 0; });
+    cv.wait(lock, [&] { return running == 0; });
   }
   res.blocking->join();
   res.engine.reset();  // closes the ring on the io thread
@@ -162,12 +164,21 @@ void Snapshotter::Impl::admit() {
     cv.wait(lock, [&] { return in_flight < res.options.max_in_flight; });
   }
   ++in_flight;
+  ++running;
 }
 
-void Snapshotter::Impl::finished() {
+void Snapshotter::Impl::release_slot() {
   {
     std::lock_guard<std::mutex> lock(mu);
     --in_flight;
+  }
+  cv.notify_all();
+}
+
+void Snapshotter::Impl::completed() {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    --running;
   }
   cv.notify_all();
 }
@@ -213,10 +224,12 @@ SaveHandle Snapshotter::save_async(const std::string& name, const StateDict& sta
                                               metadata.is_null() ? nlohmann::json::object()
                                                                  : metadata,
                                               options.overwrite, started,
-                                              [impl = impl_.get()] { impl->finished(); });
+                                              [impl = impl_.get()] { impl->release_slot(); },
+                                              [impl = impl_.get()] { impl->completed(); });
     job->open_files();
   } catch (...) {
-    impl_->finished();
+    impl_->release_slot();
+    impl_->completed();
     throw;
   }
   SaveHandle handle(job->state());
@@ -235,7 +248,7 @@ SaveHandle Snapshotter::save_async(const std::string& name, const StateDict& sta
 
 void Snapshotter::wait_all() {
   std::unique_lock<std::mutex> lock(impl_->mu);
-  impl_->cv.wait(lock, [&] { return impl_->in_flight == 0; });
+  impl_->cv.wait(lock, [&] { return impl_->running == 0; });
 }
 
 const fs::path& Snapshotter::root() const { return impl_->res.options.root; }

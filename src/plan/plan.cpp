@@ -6,6 +6,7 @@
 
 #include <c10/util/StringUtil.h>
 
+#include "common/shape.h"
 #include "format/dtype.h"
 #include "format/safetensors.h"
 #include "tsnap/error.h"
@@ -37,9 +38,10 @@ void check_shard(const std::string& key, const at::Tensor& t, const ShardSpec& s
   if (!ok) {
     throw InvalidArgument(ErrorCode::kInvalidArgument,
                           "tensor '" + key + "': its shard spec (global shape " +
-                              c10::str(shard.global_shape) + ", offsets " +
-                              c10::str(shard.offsets) + ") does not contain a piece of shape " +
-                              c10::str(t.sizes()));
+                              detail::shape_string(shard.global_shape) + ", offsets " +
+                              detail::shape_string(shard.offsets) +
+                              ") does not contain a piece of shape " +
+                              detail::shape_string(t.sizes()));
   }
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/sys_error.h"
+#include "format/dtype.h"
 #include "format/hash.h"
 #include "format/safetensors.h"
 #include "tsnap/error.h"
@@ -48,6 +49,18 @@ ShardReader::ShardReader(const std::filesystem::path& dir, const FileRecord& fil
   } catch (...) {
     ::close(fd_);
     throw;
+  }
+  // Each shard names the save that wrote it: a manifest paired with another snapshot's shards
+  // (copied or renamed by hand) is found here, before any chunk hash is computed.
+  const auto id = header.metadata.find("tsnap_id");
+  if (id == header.metadata.end() || id->second != manifest.id) {
+    ::close(fd_);
+    throw FormatError(ErrorCode::kBadManifest,
+                      "shard " + path_ + " was written by save " +
+                          (id == header.metadata.end() ? std::string("(no tsnap_id)")
+                                                       : "'" + format::printable(id->second) + "'") +
+                          ", but the manifest is of save '" + format::printable(manifest.id) +
+                          "': the files come from different snapshots");
   }
   std::map<std::string, const format::HeaderTensor*> in_header;
   for (const format::HeaderTensor& t : header.tensors) in_header[t.name] = &t;

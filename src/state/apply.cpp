@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/shape.h"
 #include "tsnap/error.h"
 
 namespace tsnap {
@@ -42,13 +43,6 @@ std::string ApplyReport::to_string() const {
 
 namespace detail {
 
-std::string shape_string(at::IntArrayRef shape) {
-  std::ostringstream out;
-  out << '[';
-  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
-  out << ']';
-  return out.str();
-}
 
 bool ApplyPlan::copy(const std::string& key, const StateEntry& entry,
                      const at::Tensor& destination) {

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/shape.h"
 #include "tsnap/apply_report.h"
 #include "tsnap/state_dict.h"
 
@@ -78,7 +79,5 @@ void plan_optimizer(torch::optim::Optimizer& optimizer, const torch::nn::Module&
 /// The process's default generators (rng_state.cpp).
 void plan_rng(const StateDict& state, const std::string& prefix, ApplyPlan& plan);
 
-/// "[2, 3]".
-std::string shape_string(at::IntArrayRef shape);
 
 }  // namespace tsnap::detail

@@ -1,7 +1,6 @@
 #include "tsnap/optimizer_state.h"
 
 #include <c10/util/Type.h>
-#include <c10/util/string_utils.h>
 #include <torch/nn/module.h>
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
@@ -16,6 +15,7 @@
 #include <unordered_map>
 
 #include "state/apply.h"
+#include "state/torch_compat.h"
 #include "tsnap/error.h"
 
 namespace tsnap {
@@ -283,8 +283,11 @@ const Kind& kind_of(const optim::Optimizer& optimizer) {
 }
 
 // LibTorch keys an optimizer's per-parameter state by the parameter's TensorImpl address.
-std::string state_key(const at::Tensor& param) {
-  return c10::guts::to_string(param.unsafeGetTensorImpl());
+using StateMap = std::decay_t<decltype(std::declval<optim::Optimizer&>().state())>;
+using StateKey = StateMap::key_type;
+
+StateKey state_key(const at::Tensor& param) {
+  return compat::optimizer_state_key<StateMap>(param);
 }
 
 // The module's name of every parameter of every group.
@@ -413,7 +416,7 @@ void plan_optimizer(optim::Optimizer& optimizer, const torch::nn::Module& module
     for (size_t i = 0; i < names[g].size(); ++i) {
       const std::string& name = names[g][i];
       const at::Tensor& param = optimizer.param_groups()[g].params()[i];
-      const std::string key = state_key(param);
+      const StateKey key = state_key(param);
       if (!stateful.count(name)) {
         if (optimizer.state().count(key))
           plan.then("", [&optimizer, key] { optimizer.state().erase(key); });

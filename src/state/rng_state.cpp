@@ -19,9 +19,11 @@ std::vector<std::pair<std::string, at::Generator>> generators() {
   std::vector<std::pair<std::string, at::Generator>> out;
   out.emplace_back("cpu", at::detail::getDefaultCPUGenerator());
   if (at::hasCUDA()) {
-    const auto& cuda = at::detail::getCUDAHooks();
-    for (int i = 0; i < cuda.getNumGPUs(); ++i) {
-      out.emplace_back("cuda:" + std::to_string(i), cuda.getDefaultCUDAGenerator(i));
+    const int devices = at::detail::getCUDAHooks().getNumGPUs();
+    for (int i = 0; i < devices; ++i) {
+      out.emplace_back("cuda:" + std::to_string(i),
+                       at::globalContext().defaultGenerator(
+                           at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(i))));
     }
   }
   return out;

@@ -115,7 +115,7 @@ Manifest awkward() {
   m.tsnap_version = "0.1.0";
   m.torch_version = "2.1";
   m.created = "2026-01-01T00:00:00Z";
-  m.created_unix_ns = -5;
+  m.created_unix_ns = 1767225600000000007;
   m.world_size = 3;
   m.metadata = {{"note", "tab\there \xc3\xa9"}, {"nested", {{"a", {1, -2, 0.5}}}}, {"z", nullptr}};
   m.files = {{"b.safetensors", 4096 + 24, 4096, 4096, {0x0123456789abcdefull, 0}},

@@ -274,6 +274,18 @@ TEST(Manifest, RejectsMissingOrMistypedFields) {
   expect_rejected([](json& j) { j["world_size"] = 0; }, ErrorCode::kBadManifest, "world_size");
   expect_rejected([](json& j) { j["created_unix_ns"] = 1.5; }, ErrorCode::kBadManifest,
                   "created_unix_ns");
+  for (const char* bad : {"yesterday", "2026-11-29 18:00:00Z", "2026-11-29T18:00:00",
+                          "2026-13-29T18:00:00Z", "2026-11-29T18:00:00.Z",
+                          "2026-11-29T18:00:00.123Zjunk", "1969-12-31T23:59:59Z"}) {
+    SCOPED_TRACE(bad);
+    expect_rejected([&](json& j) { j["created"] = bad; }, ErrorCode::kBadManifest,
+                    "not an ISO 8601 UTC time");
+  }
+  // Both times must name the same second.
+  expect_rejected([](json& j) { j["created"] = "2026-11-29T18:00:01.123Z"; },
+                  ErrorCode::kBadManifest, "name different times");
+  expect_rejected([](json& j) { j["created_unix_ns"] = -5; }, ErrorCode::kBadManifest,
+                  "name different times");
   expect_rejected([](json& j) { j["metadata"] = json::array(); }, ErrorCode::kBadManifest,
                   "\"metadata\" is array");
   expect_rejected([](json& j) { j["files"][kShard0]["size"] = -1; }, ErrorCode::kBadManifest,

@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -116,20 +119,50 @@ TEST(Snapshotter, DestructionWaitsForSavesInFlight) {
   }
 }
 
+// An engine whose write completions are held back between hold() and release(): a save stays in
+// flight exactly as long as a test wants, without relying on timing.
+class GatedEngine : public io::ForwardingEngine {
+ public:
+  using ForwardingEngine::ForwardingEngine;
+  void write(int fd, const void* b, size_t n, uint64_t off, int i, io::Done d) override {
+    ForwardingEngine::write(fd, b, n, off, i, [this, d = std::move(d)](int rc) {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (holding_) {
+        held_.push_back([d, rc] { d(rc); });
+        return;
+      }
+      lock.unlock();
+      d(rc);
+    });
+  }
+  void hold() {
+    std::lock_guard<std::mutex> lock(mu_);
+    holding_ = true;
+  }
+  // Completes the held writes (on this thread) and lets every later one through.
+  void release() {
+    std::vector<std::function<void()>> held;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      holding_ = false;
+      held.swap(held_);
+    }
+    for (auto& fn : held) fn();
+  }
+
+ private:
+  std::mutex mu_;
+  bool holding_ = false;
+  std::vector<std::function<void()>> held_;
+};
+
 TEST(Snapshotter, FailFastPolicyRefusesWhenBusy) {
   TempDir dir;
-  // A slow engine keeps the first save in flight.
-  struct Slow : io::ForwardingEngine {
-    using ForwardingEngine::ForwardingEngine;
-    void write(int fd, const void* b, size_t n, uint64_t off, int i, io::Done d) override {
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      ForwardingEngine::write(fd, b, n, off, i, std::move(d));
-    }
-  };
-  auto slow = std::make_shared<Slow>(io::make_pwrite_engine(1));
+  auto gated = std::make_shared<GatedEngine>(io::make_pwrite_engine(1));
   Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 2 << 20,
                     .chunk_bytes = 1 << 20, .max_in_flight = 1,
-                    .in_flight = InFlightPolicy::kFailFast, .engine_override = slow});
+                    .in_flight = InFlightPolicy::kFailFast, .engine_override = gated});
+  gated->hold();  // after the Snapshotter's own probe write
   StateDict sd = big_state(1, 1000, 1);
   SaveHandle h = snap.save_async("a", sd);
   try {
@@ -138,9 +171,77 @@ TEST(Snapshotter, FailFastPolicyRefusesWhenBusy) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kBusy);
   }
+  EXPECT_FALSE(h.done());
+  gated->release();
   h.wait();
   EXPECT_NO_THROW(snap.save_async("b", sd).wait());
+  expect_equal(sd, load(dir / "b"));
 }
+
+class AdmissionTest : public ::testing::TestWithParam<InFlightPolicy> {};
+
+// wait() returning means a new save is admitted at once (the slot is released before the
+// handle completes), under both policies, every time.
+TEST_P(AdmissionTest, SaveRightAfterWaitIsAdmitted) {
+  TempDir dir;
+  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 1 << 20,
+                    .chunk_bytes = 1 << 20, .engine = EngineKind::kPwrite,
+                    .max_in_flight = 1, .in_flight = GetParam()});
+  StateDict sd = big_state(1, 256, 2);
+  for (int i = 0; i < 300; ++i) {
+    ASSERT_NO_THROW(snap.save_async("s" + std::to_string(i), sd).wait()) << "save " << i;
+  }
+  expect_equal(sd, load(dir / "s299"));
+}
+
+// The same from the completion callback: each save's on_complete starts the next one.
+TEST_P(AdmissionTest, SaveFromOnCompleteIsAdmitted) {
+  TempDir dir;
+  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 1 << 20,
+                    .chunk_bytes = 1 << 20, .engine = EngineKind::kPwrite,
+                    .max_in_flight = 1, .in_flight = GetParam()});
+  StateDict sd = big_state(1, 256, 3);
+  constexpr int kSaves = 300;
+  std::mutex mu;
+  std::condition_variable cv;
+  int completed = 0;
+  std::string failure;
+  std::function<void(int)> start = [&](int i) {
+    try {
+      snap.save_async("s" + std::to_string(i), sd).on_complete([&, i](std::exception_ptr e) {
+        if (e) {
+          std::lock_guard<std::mutex> lock(mu);
+          failure = "save " + std::to_string(i) + " failed";
+        } else if (i + 1 < kSaves) {
+          start(i + 1);  // from the tsnap thread that completed save i
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        ++completed;
+        cv.notify_all();
+      });
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      failure = "save " + std::to_string(i) + " refused: " + e.what();
+      completed = kSaves;
+      cv.notify_all();
+    }
+  };
+  start(0);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return completed >= kSaves || !failure.empty(); });
+  }
+  snap.wait_all();
+  EXPECT_EQ(failure, "");
+  EXPECT_EQ(completed, kSaves);
+  expect_equal(sd, load(dir / ("s" + std::to_string(kSaves - 1))));
+}
+
+INSTANTIATE_TEST_SUITE_P(Policies, AdmissionTest,
+                         ::testing::Values(InFlightPolicy::kFailFast, InFlightPolicy::kWait),
+                         [](const auto& info) {
+                           return info.param == InFlightPolicy::kFailFast ? "FailFast" : "Wait";
+                         });
 
 TEST(Snapshotter, FallsBackToPwriteWhereIoUringIsUnavailable) {
   TempDir dir;

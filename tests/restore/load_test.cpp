@@ -12,6 +12,7 @@
 #include "io/engine.h"
 #include "io/fault_engine.h"
 #include "restore/restore_util.h"
+#include "tsnap/reader.h"
 #include "tsnap/save.h"
 
 namespace tsnap {
@@ -99,6 +100,36 @@ TEST_P(LoadPath, FullRoundTripOfEveryDtypeAcrossShardsAndChunks) {
   EXPECT_TRUE(r.not_in_destination.empty());
   EXPECT_GE(r.bytes_read, sd.at("big").nbytes());
   expect_engine(r);
+}
+
+// A manifest paired with another snapshot's shards (same names, sizes and layout, so only the
+// shards' tsnap_id tells them apart) is refused by load, load_into, open and verify.
+TEST_P(LoadPath, ShardsOfAnotherSnapshotAreRefused) {
+  StateDict sd = four_chunked_tensors();
+  const auto a = saved("a", sd, kFourChunks);
+  for (auto& [k, e] : sd) e.tensor.add_(1);
+  const auto b = saved("b", sd, kFourChunks);
+  for (const auto& entry : std::filesystem::directory_iterator(b)) {
+    if (entry.path().extension() == ".safetensors") {
+      std::filesystem::copy_file(entry.path(), a / entry.path().filename(),
+                                 std::filesystem::copy_options::overwrite_existing);
+    }
+  }
+  for (const std::string& what :
+       {error_of([&] { load(a, options()); }, ErrorCode::kBadManifest),
+        error_of(
+            [&] {
+              StateDict dest = testing::filled_like(sd, 0);
+              load_into(a, dest, options());
+            },
+            ErrorCode::kBadManifest),
+        error_of([&] { open(a).read("w.1st"); }, ErrorCode::kBadManifest)}) {
+    EXPECT_TRUE(has(what, "from different snapshots")) << what;
+  }
+  const std::vector<BadChunk> bad = verify(a);
+  ASSERT_FALSE(bad.empty());
+  for (const BadChunk& c : bad) EXPECT_TRUE(has(c.problem, "from different snapshots")) << c.problem;
+  EXPECT_TRUE(same_state(sd, load(b, options())));
 }
 
 TEST_P(LoadPath, PartialLoadsReadOnlyTheSelectedKeys) {

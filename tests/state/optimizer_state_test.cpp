@@ -11,6 +11,7 @@
 #include <torch/optim/sgd.h>
 
 #include "state/nets.h"
+#include "state/torch_compat.h"
 #include "tsnap/error.h"
 #include "tsnap/model_state.h"
 
@@ -218,7 +219,8 @@ TEST(ApplyOptimizerState, StrictFailureChangesNothing) {
   EXPECT_EQ(fresh_adam.state().size(), 4u);
   EXPECT_EQ(fresh_adam.param_groups()[0].options().get_lr(), 1.0);
   const auto& bn_bias = static_cast<const optim::AdamParamState&>(
-      *fresh_adam.state().at(c10::guts::to_string(fresh->bn->bias.unsafeGetTensorImpl())));
+      *fresh_adam.state().at(
+          compat::optimizer_state_key<std::decay_t<decltype(fresh_adam.state())>>(fresh->bn->bias)));
   EXPECT_EQ(bn_bias.step(), 99);
 }
 
