@@ -3,7 +3,7 @@
 #           the project's virtual environment (.venv/); or the torch of TSNAP_PYTHON.
 #   debian  Debian's libtorch-dev (1.13, /usr).
 #   auto    (default) the wheel when .venv/ holds one, else whatever find_package(Torch) finds.
-# An explicit -DTorch_DIR=... always wins. Sets TSNAP_TORCH_KIND (wheel, debian, other) and,
+# With `auto`, an explicit -DTorch_DIR=... wins. Sets TSNAP_TORCH_KIND (wheel, debian, other) and,
 # after find_package(Torch), TSNAP_TORCH_VERSION.
 
 set(TSNAP_TORCH "auto" CACHE STRING "LibTorch to build against: auto, wheel or debian")
@@ -33,9 +33,7 @@ function(tsnap_wheel_torch_dir out)
   set(${out} "${dir}" PARENT_SCOPE)
 endfunction()
 
-if(Torch_DIR)
-  set(TSNAP_TORCH_KIND other)
-elseif(TSNAP_TORCH STREQUAL "debian")
+if(TSNAP_TORCH STREQUAL "debian")
   set(TSNAP_TORCH_KIND debian)
   find_path(TSNAP_DEBIAN_TORCH_DIR TorchConfig.cmake
             PATHS /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/cmake/Torch /usr/lib/cmake/Torch
@@ -45,6 +43,8 @@ elseif(TSNAP_TORCH STREQUAL "debian")
                         "(TSNAP_TORCH=debian scripts/install-deps.sh installs it)")
   endif()
   set(Torch_DIR "${TSNAP_DEBIAN_TORCH_DIR}" CACHE PATH "LibTorch's CMake config" FORCE)
+elseif(TSNAP_TORCH STREQUAL "auto" AND Torch_DIR AND NOT Torch_DIR MATCHES "/site-packages/torch/")
+  set(TSNAP_TORCH_KIND other)  # named by the user
 elseif(TSNAP_TORCH STREQUAL "wheel" OR TSNAP_TORCH STREQUAL "auto")
   tsnap_wheel_torch_dir(wheel_dir)
   if(wheel_dir)

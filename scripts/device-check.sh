@@ -11,7 +11,6 @@ deps="$repo/.devdeps/usr"
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_STANDARD="${CXX_STD:-17}" \
   -DTorch_DIR="$torch_dir" -DCMAKE_PREFIX_PATH="$deps" \
   -DTSNAP_BUILD_BENCH=OFF -DTSNAP_BUILD_EXAMPLES=OFF -DTSNAP_BUILD_CLI=OFF \
-  -DTSNAP_BUILD_TRAINING_STATE=OFF \
   -DCMAKE_LIBRARY_PATH="$deps/lib/x86_64-linux-gnu" -DCMAKE_INCLUDE_PATH="$deps/include" 2>&1 | tail -5
 if ! cmake --build build-cuda -j "$(nproc)" --target tsnap_cuda_tests tsnap_pipeline_tests \
     > build-cuda/build.log 2>&1; then

@@ -43,7 +43,7 @@ tsnap::StateDict plain_state() {
   sd.insert("f32.as_bf16", values(4096, 2), at::kBFloat16);
   sd.insert("f32.as_f16", values(777, 3).view({7, 111}), at::kHalf);
   sd.insert("f64", values(100, 4).to(at::kDouble));
-  sd.insert("i64.step", at::scalar_tensor(123456789012LL, at::kLong));
+  sd.insert("i64.step", at::scalar_tensor(static_cast<int64_t>(123456789012), at::kLong));
   sd.insert("i32", values(50, 5).to(at::kInt));
   sd.insert("u8", values(64, 6).abs().to(at::kByte));
   sd.insert("bool", values(33, 7).gt(0));

@@ -1,0 +1,110 @@
+#include "format/layout.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <ctime>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "tsnap/error.h"
+
+namespace tsnap::format {
+namespace {
+
+constexpr const char* kTmp = ".tmp-";
+constexpr const char* kStepPrefix = "step-";
+constexpr size_t kIdLength = 16 + 1 + 8;
+
+bool is_hex(const std::string& s, size_t begin, size_t count) {
+  for (size_t i = begin; i < begin + count; ++i) {
+    const char c = s[i];
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void check_snapshot_name(const std::string& name) {
+  if (name.empty() || name == "." || name == ".." || name[0] == '.' ||
+      name.find('/') != std::string::npos || name.find('\0') != std::string::npos ||
+      name.size() > 200) {
+    throw InvalidArgument(ErrorCode::kInvalidArgument,
+                          "invalid snapshot name '" + name +
+                              "': use a plain directory name that does not start with '.'");
+  }
+}
+
+std::string new_save_id() {
+  static std::mutex mu;
+  static std::mt19937_64 rng(std::random_device{}() ^ static_cast<uint64_t>(::getpid()) << 32);
+  std::lock_guard<std::mutex> lock(mu);
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%016llx-%08llx", static_cast<unsigned long long>(ns),
+                static_cast<unsigned long long>(rng() & 0xffffffffu));
+  return buf;
+}
+
+std::string temporary_name(const std::string& name, const std::string& id) {
+  return "." + name + kTmp + id;
+}
+
+bool is_temporary(const std::string& entry) {
+  const size_t at = entry.rfind(kTmp);
+  if (at == std::string::npos || at < 2 || entry[0] != '.') return false;
+  const size_t id = at + std::char_traits<char>::length(kTmp);
+  return entry.size() == id + kIdLength && is_hex(entry, id, 16) && entry[id + 16] == '-' &&
+         is_hex(entry, id + 17, 8);
+}
+
+std::string step_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%s%08lld", kStepPrefix, static_cast<long long>(step));
+  return buf;
+}
+
+std::optional<int64_t> parse_step_name(const std::string& name) {
+  const size_t n = std::char_traits<char>::length(kStepPrefix);
+  if (name.size() <= n || name.size() > n + 18 || name.compare(0, n, kStepPrefix) != 0) {
+    return std::nullopt;
+  }
+  int64_t step = 0;
+  for (size_t i = n; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+    step = step * 10 + (name[i] - '0');
+  }
+  if (step_name(step) != name) return std::nullopt;  // one spelling per step
+  return step;
+}
+
+std::optional<int64_t> step_of(const nlohmann::json& metadata) {
+  if (!metadata.is_object()) return std::nullopt;
+  const auto it = metadata.find(kStepKey);
+  if (it == metadata.end() || !it->is_number_integer()) return std::nullopt;
+  return it->get<int64_t>();
+}
+
+std::string utc_timestamp(std::chrono::system_clock::time_point t) {
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
+  const std::time_t secs = static_cast<std::time_t>(ms / 1000);
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                static_cast<int>(ms % 1000));
+  return buf;
+}
+
+bool newer(const SnapshotAge& a, const SnapshotAge& b) {
+  if (a.step != b.step) return !b.step || (a.step && *a.step > *b.step);
+  return a.created_unix_ns > b.created_unix_ns;
+}
+
+}  // namespace tsnap::format

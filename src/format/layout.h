@@ -1,0 +1,59 @@
+#pragma once
+/// \file
+/// The on-disk layout of a snapshot root (docs/format.md §1), in one place: which names a
+/// snapshot may have, the ids of saves, the names of temporary directories and how to recognise
+/// them, the names periodic snapshots get from their step, the metadata key that holds the
+/// step, the creation timestamp's spelling, and which of two snapshots is the newer.
+/// Writers (pipeline, policy) and readers (restore, the tool) all use these; none spells a name
+/// itself.
+
+#include <chrono>
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <string>
+
+namespace tsnap::format {
+
+/// Throws InvalidArgument unless `name` can be a snapshot directory under a root: non-empty, at
+/// most 200 bytes, no '/' or NUL, not starting with '.' (those are temporaries), not "." or "..".
+void check_snapshot_name(const std::string& name);
+
+/// A new save id, unique across processes and time: "<16 hex digits of ns since the epoch>-<8 hex
+/// digits>". Thread-safe.
+std::string new_save_id();
+
+/// The temporary directory of snapshot `name` while save `id` writes it: ".<name>.tmp-<id>".
+std::string temporary_name(const std::string& name, const std::string& id);
+
+/// True if the directory entry `entry` is a tsnap temporary directory: ".<name>.tmp-<id>" with a
+/// non-empty name and an id as `new_save_id` makes them. Other dot-directories are not.
+bool is_temporary(const std::string& entry);
+
+/// The name of the periodic snapshot after `step` optimizer steps: "step-%08lld".
+std::string step_name(int64_t step);
+
+/// The step of a periodic snapshot's name, or nullopt when `name` is not exactly `step_name`
+/// of some step (one spelling per step).
+std::optional<int64_t> parse_step_name(const std::string& name);
+
+/// The user-metadata key that records a snapshot's training step.
+inline constexpr const char* kStepKey = "step";
+
+/// The step recorded under kStepKey in a manifest's user metadata, if it is an integer.
+std::optional<int64_t> step_of(const nlohmann::json& metadata);
+
+/// The manifest's `created` spelling: ISO 8601 UTC with milliseconds, "2026-11-29T18:00:00.123Z".
+std::string utc_timestamp(std::chrono::system_clock::time_point t);
+
+/// What decides which of two committed snapshots is the newer: the step first (a snapshot
+/// without one is older than any with one), then the creation time.
+struct SnapshotAge {
+  std::optional<int64_t> step;
+  int64_t created_unix_ns = 0;
+};
+
+/// True if `a` is newer than `b` (used by `latest()` and `PeriodicSnapshots::resume`).
+bool newer(const SnapshotAge& a, const SnapshotAge& b);
+
+}  // namespace tsnap::format
