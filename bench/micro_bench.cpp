@@ -1,5 +1,5 @@
 // Google Benchmark micro-benchmarks of the hot kernels of a save: the staging copy with
-// fp32 -> bf16 conversion (stage::convert), chunk hashing (format::hash64, XXH3-64), and the
+// fp32 -> bf16 conversion (format::convert), chunk hashing (format::hash64, XXH3-64), and the
 // staging of many small tensors (stage::fill_chunk over a plan from plan::make_plan).
 //
 //   build-bench/bench/tsnap_bench_micro --benchmark_min_time=0.2
@@ -14,7 +14,7 @@
 
 #include "format/hash.h"
 #include "plan/plan.h"
-#include "stage/convert.h"
+#include "format/convert.h"
 #include "stage/fill.h"
 #include "workloads.h"
 
@@ -38,7 +38,7 @@ void BM_ConvertF32ToBf16(benchmark::State& state) {
   const at::Tensor src = at::randn({static_cast<int64_t>(n)});
   AlignedBuffer dst = aligned_buffer(n * 2);
   for (auto _ : state) {
-    tsnap::stage::convert(src.data_ptr(), at::kFloat, dst.get(), at::kBFloat16, n);
+    tsnap::format::convert(src.data_ptr(), at::kFloat, dst.get(), at::kBFloat16, n);
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * n * 4));  // bytes read
@@ -50,7 +50,7 @@ void BM_CopyF32(benchmark::State& state) {
   const at::Tensor src = at::randn({static_cast<int64_t>(n)});
   AlignedBuffer dst = aligned_buffer(n * 4);
   for (auto _ : state) {
-    tsnap::stage::convert(src.data_ptr(), at::kFloat, dst.get(), at::kFloat, n);
+    tsnap::format::convert(src.data_ptr(), at::kFloat, dst.get(), at::kFloat, n);
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * n * 4));

@@ -11,5 +11,7 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 kind="${TSNAP_TORCH:-wheel}"
 "$repo/scripts/build.sh" tsnap_example_train tsnap_example_save_load tsnap_cli
-build_dir="${TSNAP_BUILD_DIR:-$repo/build$([[ "$kind" == debian ]] && echo -debian)}"
+default_dir="$repo/build"
+if [[ "$kind" == debian ]]; then default_dir="$repo/build-debian"; fi
+build_dir="${TSNAP_BUILD_DIR:-$default_dir}"
 "$build_dir/examples/tsnap_example_train" "$@"

@@ -9,7 +9,9 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 kind="${TSNAP_TORCH:-wheel}"
 "$repo/scripts/build.sh"
-build_dir="${TSNAP_BUILD_DIR:-$repo/build$([[ "$kind" == debian ]] && echo -debian)}"
+default_dir="$repo/build"
+if [[ "$kind" == debian ]]; then default_dir="$repo/build-debian"; fi
+build_dir="${TSNAP_BUILD_DIR:-$default_dir}"
 labels=(-L unit)
 if (($# > 0)); then labels=("$@"); fi
 ctest --test-dir "$build_dir" "${labels[@]}" --output-on-failure -j2

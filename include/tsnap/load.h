@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "tsnap/manifest.h"
-#include "tsnap/snapshotter.h"
+#include "tsnap/engine_kind.h"
 #include "tsnap/state_dict.h"
 
 namespace tsnap {

@@ -111,7 +111,7 @@ struct PeriodicOptions {
 /// Retention (ScheduleOptions::keep_last, keep_every_steps) runs on the hook's thread after each
 /// snapshot commits, and deletes crash-safely (rename to a temporary name, then remove), so a
 /// crash at any moment leaves at least one complete snapshot. Stale temporaries of crashed
-/// writers are removed when a Snapshotter starts alone on the root (its `.tsnap.lock`).
+/// writers are removed when a Snapshotter starts alone on the root (a `flock` on the root).
 ///
 /// Errors of background saves do not interrupt training: they are logged, counted, and thrown
 /// by `finish()`; the final snapshot's error is thrown by the `after_step` that took it.

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "tsnap/engine_kind.h"
 #include "tsnap/save_handle.h"
 #include "tsnap/save_options.h"
 #include "tsnap/state_dict.h"
@@ -21,19 +22,6 @@ class Checkpoint;
 namespace io {
 class Engine;
 }
-
-/// Which write engine to use.
-enum class EngineKind {
-  kAuto,    ///< io_uring with O_DIRECT where the kernel and filesystem allow it, else pwrite.
-  kUring,   ///< io_uring only (throws at construction if unavailable).
-  kPwrite,  ///< A pool of threads calling pwrite.
-};
-
-/// What `save_async` does while earlier saves are still writing and `max_in_flight` is reached.
-enum class InFlightPolicy {
-  kWait,      ///< Block until one completes (default: never lose a snapshot).
-  kFailFast,  ///< Throw Error(kBusy) at once.
-};
 
 /// Options of a Snapshotter; fixed for its lifetime.
 struct SnapshotterOptions {

@@ -34,6 +34,7 @@
 
 #include "cli/commands.h"
 #include "cli/output.h"
+#include "common/remove_tree.h"
 #include "measure.h"
 #include "tsnap/load.h"
 #include "tsnap/snapshotter.h"
@@ -353,7 +354,7 @@ PointResult run_point(const BenchOptions& o, const Sweep& sweep, size_t index,
       r.get("tsnap_load").s.add(bench::since(t1));
       r.get("tsnap_load").bytes = st.tensor_bytes;
     }
-    fs::remove_all(h.path());
+    detail::remove_tree(h.path().string());
 
     if (!o.no_torch) {
       const std::string torch_path = (work / "torch.pt").string();
@@ -688,8 +689,7 @@ Timeline run_timeline(const BenchOptions& o, const StateDict& state, const fs::p
   auto retire = [&]() {  // keep only the newest committed snapshot (outside the timed steps)
     if (previous.valid() && current.done()) {
       previous.wait();
-      std::error_code ignored;
-      fs::remove_all(previous.path(), ignored);
+      detail::remove_tree(previous.path().string());
       previous = SaveHandle();
     }
   };
@@ -730,8 +730,7 @@ Timeline run_timeline(const BenchOptions& o, const StateDict& state, const fs::p
     rec.in_flight = current.valid() && !current.done();
     if (stale.valid()) {
       stale.wait();
-      std::error_code ignored;
-      fs::remove_all(stale.path(), ignored);
+      detail::remove_tree(stale.path().string());
       stale = SaveHandle();
     }
     retire();
@@ -750,8 +749,7 @@ Timeline run_timeline(const BenchOptions& o, const StateDict& state, const fs::p
     tl.saves[k].bytes = st.bytes;
   }
   if (current.valid()) {
-    std::error_code ignored;
-    fs::remove_all(current.path(), ignored);
+    detail::remove_tree(current.path().string());
   }
   return tl;
 }
@@ -903,8 +901,7 @@ int run_bench(const BenchOptions& o) {
     return kExitFailed;
   }
   ScopeGuard cleanup([&] {
-    std::error_code ignored;
-    fs::remove_all(work, ignored);
+    detail::remove_tree(work.string());
   });
 
   Progress progress;

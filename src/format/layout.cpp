@@ -54,6 +54,10 @@ std::string temporary_name(const std::string& name, const std::string& id) {
   return "." + name + kTmp + id;
 }
 
+bool looks_temporary(const std::string& entry) {
+  return entry.size() > 1 && entry[0] == '.' && entry.find(kTmp) != std::string::npos;
+}
+
 bool is_temporary(const std::string& entry) {
   const size_t at = entry.rfind(kTmp);
   if (at == std::string::npos || at < 2 || entry[0] != '.') return false;

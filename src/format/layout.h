@@ -26,8 +26,13 @@ std::string new_save_id();
 /// The temporary directory of snapshot `name` while save `id` writes it: ".<name>.tmp-<id>".
 std::string temporary_name(const std::string& name, const std::string& id);
 
-/// True if the directory entry `entry` is a tsnap temporary directory: ".<name>.tmp-<id>" with a
-/// non-empty name and an id as `new_save_id` makes them. Other dot-directories are not.
+/// True if readers must treat the directory entry `entry` as a temporary directory, never as a
+/// snapshot: it starts with '.' and holds ".tmp-" (`tsnap ls` shows it as temporary).
+bool looks_temporary(const std::string& entry);
+
+/// True if `entry` is exactly a tsnap temporary, ".<name>.tmp-<id>" with a non-empty name and an
+/// id as `new_save_id` makes them: only these may a writer remove (other dot-directories under a
+/// root are not tsnap's, even when `looks_temporary`).
 bool is_temporary(const std::string& entry);
 
 /// The name of the periodic snapshot after `step` optimizer steps: "step-%08lld".

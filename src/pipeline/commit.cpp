@@ -47,14 +47,6 @@ void write_file_durably(io::Engine& engine, const std::string& path, const std::
 
 }  // namespace
 
-std::string temporary_name(const std::string& name, const std::string& id) {
-  return "." + name + ".tmp-" + id;
-}
-
-bool is_temporary_name(const std::string& entry) {
-  return entry.size() > 1 && entry[0] == '.' && entry.find(".tmp-") != std::string::npos;
-}
-
 uint64_t commit_directory(io::Engine& engine, const CommitPaths& paths,
                           const std::string& manifest_text, bool overwrite) {
   const std::string manifest = paths.temporary + "/" + kManifestName;

@@ -14,11 +14,6 @@ struct CommitPaths {
   std::string final;
 };
 
-/// Temporary directory name of snapshot `name` with save id `id`.
-std::string temporary_name(const std::string& name, const std::string& id);
-/// True if a directory entry name is a tsnap temporary directory.
-bool is_temporary_name(const std::string& entry);
-
 /// Steps 3-7 of the protocol: writes `manifest_text` as MANIFEST.json into the temporary
 /// directory (shard files are already fsynced and closed), fsyncs it and the directory, moves
 /// the directory to its final name (atomically swapping with an existing snapshot when

@@ -5,11 +5,11 @@
 #include <torch/version.h>
 
 #include <boost/asio/post.hpp>
-#include <ctime>
 
 #include "common/sys_error.h"
 #include "format/dtype.h"
 #include "format/hash.h"
+#include "format/layout.h"
 #include "format/manifest_io.h"
 #include "stage/fill.h"
 #include "tsnap/error.h"
@@ -31,19 +31,6 @@ int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              SaveJob::Clock::now().time_since_epoch())
       .count();
-}
-
-std::string iso8601(std::chrono::system_clock::time_point t) {
-  const auto ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count();
-  const std::time_t secs = static_cast<std::time_t>(ms / 1000);
-  std::tm tm{};
-  gmtime_r(&secs, &tm);
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
-                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-                static_cast<int>(ms % 1000));
-  return buf;
 }
 
 }  // namespace
@@ -241,7 +228,7 @@ std::string SaveJob::manifest_text() const {
   m.tsnap_version = TSNAP_VERSION_STRING;
   m.torch_version = TORCH_VERSION;
   const auto now = std::chrono::system_clock::now();
-  m.created = iso8601(now);
+  m.created = format::utc_timestamp(now);
   m.created_unix_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
   m.world_size = 1;

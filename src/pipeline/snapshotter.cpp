@@ -10,14 +10,14 @@
 #include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <thread>
 
 #include "common/sys_error.h"
+#include "format/layout.h"
 #include "pipeline/resources.h"
 #include "pipeline/save_job.h"
 #include "plan/plan.h"
-#include "policy/root_lock.h"
+#include "pipeline/root_lock.h"
 #include "tsnap/catalog.h"
 #include "tsnap/error.h"
 
@@ -26,7 +26,7 @@ namespace tsnap {
 namespace fs = std::filesystem;
 
 struct Snapshotter::Impl {
-  std::optional<policy::RootLock> root_lock;  // first member: released after everything else
+  std::optional<pipeline::RootLock> root_lock;  // first member: released after everything else
   pipeline::Resources res;
   std::mutex mu;
   std::condition_variable cv;
@@ -40,34 +40,6 @@ struct Snapshotter::Impl {
   void release_slot();
   void completed();
 };
-
-namespace {
-
-std::string new_id() {
-  static std::mt19937_64 rng(std::random_device{}() ^
-                             static_cast<uint64_t>(::getpid()) << 32);
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      std::chrono::system_clock::now().time_since_epoch())
-                      .count();
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "%016llx-%08llx", static_cast<unsigned long long>(ns),
-                static_cast<unsigned long long>(rng() & 0xffffffffu));
-  return buf;
-}
-
-void check_name(const std::string& name) {
-  if (name.empty() || name == "." || name == ".." || name[0] == '.' ||
-      name.find('/') != std::string::npos || name.find('\0') != std::string::npos ||
-      name.size() > 200) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument,
-                          "invalid snapshot name '" + name +
-                              "': use a plain directory name that does not start with '.'");
-  }
-}
-
-}  // namespace
 
 Snapshotter::Impl::Impl(SnapshotterOptions options) {
   res.options = std::move(options);
@@ -191,7 +163,7 @@ Snapshotter::~Snapshotter() = default;
 SaveHandle Snapshotter::save_async(const std::string& name, const StateDict& state,
                                    const nlohmann::json& metadata, const SaveOptions& options) {
   const auto started = pipeline::SaveJob::Clock::now();
-  check_name(name);
+  format::check_snapshot_name(name);
   if (!metadata.is_object() && !metadata.is_null()) {
     throw InvalidArgument(ErrorCode::kInvalidArgument,
                           std::string("metadata must be a JSON object, not ") +
@@ -212,8 +184,8 @@ SaveHandle Snapshotter::save_async(const std::string& name, const StateDict& sta
     throw Error(ErrorCode::kAlreadyExists,
                 "snapshot " + paths.final + " already exists (pass overwrite to replace it)");
   }
-  const std::string id = new_id();
-  paths.temporary = root + "/" + pipeline::temporary_name(name, id);
+  const std::string id = format::new_save_id();
+  paths.temporary = root + "/" + format::temporary_name(name, id);
   plan::Plan plan = plan::make_plan(state, options, chunk, id,
                                     std::max(1, res.options.io_threads));
 

@@ -17,6 +17,7 @@
 #include <optional>
 #include <thread>
 
+#include "format/layout.h"
 #include "policy/retention.h"
 #include "policy/summary.h"
 #include "tsnap/catalog.h"
@@ -251,12 +252,12 @@ void PeriodicSnapshots::Impl::restore_signals() {
 void PeriodicSnapshots::Impl::start_save(int64_t step, SnapshotReason reason,
                                          Clock::time_point began) {
   Checkpoint checkpoint = make_checkpoint();
-  checkpoint.metadata()["step"] = step;
+  checkpoint.metadata()[format::kStepKey] = step;
   SaveOptions save = options.save;
   save.overwrite = true;
   SnapshotRecord record;
   record.step = step;
-  record.name = policy::snapshot_name(step);
+  record.name = format::step_name(step);
   record.reason = reason;
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -352,8 +353,7 @@ PeriodicSnapshots::~PeriodicSnapshots() = default;
 int64_t PeriodicSnapshots::resume(const ApplyCheckpoint& apply) {
   Impl& m = *impl_;
   struct Candidate {
-    int64_t step;
-    int64_t created;
+    format::SnapshotAge age;
     std::filesystem::path path;
   };
   std::vector<Candidate> candidates;
@@ -362,13 +362,12 @@ int64_t PeriodicSnapshots::resume(const ApplyCheckpoint& apply) {
       m.log("tsnap: resume skips " + l.name + ": " + l.problem);
       continue;
     }
-    const nlohmann::json& md = l.manifest->metadata;
-    if (md.is_object() && md.contains("step") && md["step"].is_number_integer()) {
-      candidates.push_back({md["step"].get<int64_t>(), l.manifest->created_unix_ns, l.path});
-    }
+    const format::SnapshotAge age{format::step_of(l.manifest->metadata),
+                                  l.manifest->created_unix_ns};
+    if (age.step) candidates.push_back({age, l.path});  // only periodic snapshots resume
   }
   std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
-    return a.step != b.step ? a.step > b.step : a.created > b.created;
+    return format::newer(a.age, b.age);  // the order of tsnap::latest()
   });
   for (const Candidate& c : candidates) {
     std::optional<Checkpoint> checkpoint;
@@ -379,10 +378,11 @@ int64_t PeriodicSnapshots::resume(const ApplyCheckpoint& apply) {
       continue;
     }
     apply(*checkpoint);
-    m.last_step = c.step;
-    m.log("tsnap: resumed from " + c.path.filename().string() + " (step " + std::to_string(c.step) +
+    const int64_t step = *c.age.step;
+    m.last_step = step;
+    m.log("tsnap: resumed from " + c.path.filename().string() + " (step " + std::to_string(step) +
           ")");
-    return c.step;
+    return step;
   }
   m.log("tsnap: nothing to resume under " + m.snapshotter.root().string() + ", starting at 0");
   return 0;
@@ -413,8 +413,8 @@ void PeriodicSnapshots::after_step(int64_t step) {
         std::lock_guard<std::mutex> lock(m.mu);
         skipped = ++m.stats.skipped;
       }
-      m.log("tsnap: " + policy::snapshot_name(step) + " skipped (" + to_string(reason) +
-            "): " + policy::snapshot_name(*m.last_step) + " is still writing; " +
+      m.log("tsnap: " + format::step_name(step) + " skipped (" + to_string(reason) +
+            "): " + format::step_name(*m.last_step) + " is still writing; " +
             std::to_string(skipped) + " skipped so far");
       return;
     }

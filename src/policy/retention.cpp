@@ -6,8 +6,8 @@
 #include <system_error>
 
 #include "common/sys_error.h"
+#include "format/layout.h"
 #include "pipeline/commit.h"
-#include "policy/root_lock.h"
 #include "tsnap/catalog.h"
 
 namespace tsnap::policy {
@@ -15,29 +15,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr const char* kPrefix = "step-";
-
 }  // namespace
-
-std::string snapshot_name(int64_t step) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%s%08lld", kPrefix, static_cast<long long>(step));
-  return buf;
-}
-
-std::optional<int64_t> parse_snapshot_name(const std::string& name) {
-  const size_t n = std::char_traits<char>::length(kPrefix);
-  if (name.size() <= n || name.size() > n + 18 || name.compare(0, n, kPrefix) != 0) {
-    return std::nullopt;
-  }
-  int64_t step = 0;
-  for (size_t i = n; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9') return std::nullopt;
-    step = step * 10 + (name[i] - '0');
-  }
-  if (snapshot_name(step) != name) return std::nullopt;  // one spelling per step
-  return step;
-}
 
 std::vector<std::string> apply_retention(const fs::path& root, const Schedule& schedule,
                                          int64_t newest_step, const RetentionProbe& probe) {
@@ -45,7 +23,7 @@ std::vector<std::string> apply_retention(const fs::path& root, const Schedule& s
   if (schedule.options().keep_last == 0) return deleted;
   std::map<int64_t, fs::path> committed;
   for (const Listed& l : list(root)) {
-    const std::optional<int64_t> step = parse_snapshot_name(l.name);
+    const std::optional<int64_t> step = format::parse_step_name(l.name);
     if (l.committed && step && *step <= newest_step) committed.emplace(*step, l.path);
   }
   std::vector<int64_t> steps;
@@ -54,7 +32,7 @@ std::vector<std::string> apply_retention(const fs::path& root, const Schedule& s
     const fs::path& path = committed.at(step);
     const std::string name = path.filename().string();
     if (probe) probe(RetentionPoint::kBeforeRename, path);
-    const fs::path temporary = root / pipeline::temporary_name(name, temporary_id());
+    const fs::path temporary = root / format::temporary_name(name, format::new_save_id());
     if (::rename(path.c_str(), temporary.c_str()) != 0) {
       detail::throw_sys_error(-errno, "rename " + path.string() + " to " + temporary.string());
     }

@@ -1,6 +1,6 @@
 #pragma once
 /// \file
-/// Names of periodic snapshots and the crash-safe retention sequence.
+/// The crash-safe retention sequence of periodic snapshots (named by `format::step_name`).
 ///
 /// Retention runs only after a new snapshot has committed (its rename and the root's fsync are
 /// done), and deletes each expired snapshot in two steps:
@@ -8,7 +8,7 @@
 ///      step after which the directory is no longer a snapshot;
 ///   2. remove the temporary directory and its files.
 /// A crash before 1 leaves the snapshot complete; a crash after 1 leaves a temporary directory,
-/// never read as a snapshot and removed by the next writer on the root (see root_lock.h). The
+/// never read as a snapshot and removed by the next writer on the root (pipeline/root_lock.h). The
 /// snapshot just committed is never expired, so every moment has at least one complete snapshot.
 
 #include <cstdint>
@@ -22,11 +22,6 @@
 
 namespace tsnap::policy {
 
-/// The name of the periodic snapshot of `step`: "step-00001200" (at least 8 digits).
-std::string snapshot_name(int64_t step);
-/// The step of a periodic snapshot name, or nullopt for any other name.
-std::optional<int64_t> parse_snapshot_name(const std::string& name);
-
 /// The points of the retention sequence of one expired snapshot, for fault-injection tests.
 enum class RetentionPoint {
   kBeforeRename,  ///< Nothing done yet to this snapshot.
@@ -37,7 +32,7 @@ enum class RetentionPoint {
 /// stop the sequence there, leaving the disk as a crash at that moment would.
 using RetentionProbe = std::function<void(RetentionPoint, const std::filesystem::path&)>;
 
-/// Deletes the periodic snapshots (named by `snapshot_name`) under `root` that `schedule` expires,
+/// Deletes the periodic snapshots (named by `format::step_name`) under `root` that `schedule` expires,
 /// considering the committed ones up to `newest_step`, the step of the snapshot just committed
 /// (later ones, left by an abandoned run, are left for the saves that will overwrite them).
 /// Returns the names deleted, oldest first. Errors: IoError naming the directory and errno when a

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <system_error>
 
-#include "pipeline/commit.h"
+#include "format/layout.h"
 #include "tsnap/error.h"
 
 namespace tsnap {
@@ -24,7 +24,7 @@ std::vector<Listed> list(const fs::path& root) {
     Listed l;
     l.path = entry.path();
     l.name = entry.path().filename().string();
-    l.temporary = pipeline::is_temporary_name(l.name);
+    l.temporary = format::looks_temporary(l.name);
     int64_t when = 0;
     if (!l.temporary) {
       try {
@@ -53,23 +53,18 @@ std::vector<Listed> list(const fs::path& root) {
 }
 
 std::optional<fs::path> latest(const fs::path& root) {
-  const Listed* best = nullptr;
-  int64_t best_step = 0;
-  const std::vector<Listed> all = list(root);
-  for (const Listed& l : all) {
+  std::optional<fs::path> best;
+  format::SnapshotAge best_age;
+  for (const Listed& l : list(root)) {
     if (!l.committed) continue;
-    const nlohmann::json& md = l.manifest->metadata;
-    const int64_t step = md.is_object() && md.contains("step") && md["step"].is_number_integer()
-                             ? md["step"].get<int64_t>()
-                             : INT64_MIN;
-    if (best == nullptr || step > best_step ||
-        (step == best_step && l.manifest->created_unix_ns >= best->manifest->created_unix_ns)) {
-      best = &l;
-      best_step = step;
+    const format::SnapshotAge age{format::step_of(l.manifest->metadata),
+                                  l.manifest->created_unix_ns};
+    if (!best || format::newer(age, best_age)) {
+      best = l.path;
+      best_age = age;
     }
   }
-  if (best == nullptr) return std::nullopt;
-  return best->path;
+  return best;
 }
 
 }  // namespace tsnap

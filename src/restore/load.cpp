@@ -11,7 +11,7 @@
 #include "restore/read_plan.h"
 #include "restore/shard_reader.h"
 #include "tsnap/error.h"
-#include "util/glob.h"
+#include "common/glob.h"
 
 namespace tsnap {
 namespace {

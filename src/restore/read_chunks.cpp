@@ -23,7 +23,7 @@
 #include "common/sys_error.h"
 #include "io/engine.h"
 #include "restore/shard_reader.h"
-#include "stage/convert.h"
+#include "format/convert.h"
 #include "tsnap/error.h"
 
 namespace tsnap::restore {
@@ -138,7 +138,7 @@ void scatter(const ChunkRead& c, const uint8_t* buf, const std::vector<Target>& 
     } else {
       const uint64_t in = c10::elementSize(from);
       uint8_t* dst = static_cast<uint8_t*>(t.data) + p.tensor_off / in * c10::elementSize(t.dtype);
-      stage::convert(src, from, dst, t.dtype, p.len / in);
+      format::convert(src, from, dst, t.dtype, p.len / in);
     }
     written[p.target].fetch_add(p.len, std::memory_order_relaxed);
   }

@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "format/dtype.h"
-#include "stage/convert.h"
+#include "format/convert.h"
 
 namespace tsnap::stage {
 namespace {
@@ -106,7 +106,7 @@ uint64_t fill_chunk(const plan::PlannedFile& file, const Sources& sources, uint6
     const at::Tensor& src = sources.tensors[p.tensor];
     if (!src.device().is_cpu()) return;
     const auto* base = static_cast<const uint8_t*>(src.data_ptr());
-    convert(base + p.elem0 * src.element_size(), src.scalar_type(), buf + p.dst,
+    format::convert(base + p.elem0 * src.element_size(), src.scalar_type(), buf + p.dst,
             file.tensors[p.tensor].dtype, p.count);
   });
 

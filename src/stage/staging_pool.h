@@ -1,6 +1,6 @@
 #pragma once
 // A fixed set of aligned, pre-faulted staging buffers, allocated once and reused by every save
-// (DESIGN.md, "Memory"). Pinned host memory when LibTorch has CUDA. acquire() blocks while all
+// (docs/architecture.md, "Memory"). Pinned host memory when LibTorch has CUDA. acquire() blocks while all
 // buffers are in use: that is the backpressure that bounds a save's memory to the budget.
 // Thread-safety: all methods are thread-safe. Ownership: owns the memory; buffers handed out
 // stay valid until the pool is destroyed, which must happen after every buffer is released.

@@ -3,9 +3,9 @@
 #include <torch/version.h>
 
 #include <chrono>
-#include <ctime>
 #include <set>
 
+#include "format/layout.h"
 #include "state/apply.h"
 #include "tsnap/error.h"
 #include "tsnap/snapshotter.h"
@@ -42,17 +42,12 @@ void check_user_metadata(const json& metadata) {
 // tsnap's record of a checkpoint made now.
 json make_info() {
   const auto now = std::chrono::system_clock::now();
-  const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
-  std::tm utc{};
-  gmtime_r(&seconds, &utc);
-  char created[32];
-  std::strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", &utc);
   const int64_t unix_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
   return {{"tsnap_version", TSNAP_VERSION_STRING},
           {"torch_version", TORCH_VERSION},
           {"format_version", kFormatVersion},
-          {"created", created},
+          {"created", format::utc_timestamp(now)},
           {"created_unix_ns", unix_ns},
           {"objects", json::object()}};
 }

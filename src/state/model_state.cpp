@@ -8,7 +8,7 @@
 
 #include "state/apply.h"
 #include "tsnap/error.h"
-#include "util/glob.h"
+#include "common/glob.h"
 
 namespace tsnap {
 namespace {

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "io/fault_engine.h"
+#include "support/gate_engine.h"
 #include "support/test_util.h"
 #include "tsnap/catalog.h"
 #include "tsnap/error.h"
@@ -119,50 +120,13 @@ TEST(Snapshotter, DestructionWaitsForSavesInFlight) {
   }
 }
 
-// An engine whose write completions are held back between hold() and release(): a save stays in
-// flight exactly as long as a test wants, without relying on timing.
-class GatedEngine : public io::ForwardingEngine {
- public:
-  using ForwardingEngine::ForwardingEngine;
-  void write(int fd, const void* b, size_t n, uint64_t off, int i, io::Done d) override {
-    ForwardingEngine::write(fd, b, n, off, i, [this, d = std::move(d)](int rc) {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (holding_) {
-        held_.push_back([d, rc] { d(rc); });
-        return;
-      }
-      lock.unlock();
-      d(rc);
-    });
-  }
-  void hold() {
-    std::lock_guard<std::mutex> lock(mu_);
-    holding_ = true;
-  }
-  // Completes the held writes (on this thread) and lets every later one through.
-  void release() {
-    std::vector<std::function<void()>> held;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      holding_ = false;
-      held.swap(held_);
-    }
-    for (auto& fn : held) fn();
-  }
-
- private:
-  std::mutex mu_;
-  bool holding_ = false;
-  std::vector<std::function<void()>> held_;
-};
-
 TEST(Snapshotter, FailFastPolicyRefusesWhenBusy) {
   TempDir dir;
-  auto gated = std::make_shared<GatedEngine>(io::make_pwrite_engine(1));
+  // The gate holds the first save at its commit (the rename) until opened: no timing involved.
+  auto gate = std::make_shared<testing::GateEngine>();
   Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 2 << 20,
                     .chunk_bytes = 1 << 20, .max_in_flight = 1,
-                    .in_flight = InFlightPolicy::kFailFast, .engine_override = gated});
-  gated->hold();  // after the Snapshotter's own probe write
+                    .in_flight = InFlightPolicy::kFailFast, .engine_override = gate});
   StateDict sd = big_state(1, 1000, 1);
   SaveHandle h = snap.save_async("a", sd);
   try {
@@ -172,7 +136,7 @@ TEST(Snapshotter, FailFastPolicyRefusesWhenBusy) {
     EXPECT_EQ(e.code(), ErrorCode::kBusy);
   }
   EXPECT_FALSE(h.done());
-  gated->release();
+  gate->open_gate();
   h.wait();
   EXPECT_NO_THROW(snap.save_async("b", sd).wait());
   expect_equal(sd, load(dir / "b"));

@@ -11,9 +11,10 @@
 #include <fstream>
 #include <thread>
 
+#include "format/layout.h"
 #include "pipeline/commit.h"
 #include "policy/retention.h"
-#include "policy/root_lock.h"
+#include "pipeline/root_lock.h"
 #include "policy_test_util.h"
 #include "tsnap/catalog.h"
 #include "tsnap/error.h"
@@ -55,7 +56,7 @@ TEST(PeriodicSnapshots, SavesEveryNStepsWithStepMetadata) {
   EXPECT_EQ(snapshot_names(dir.path()),
             (std::vector<std::string>{"step-00000003", "step-00000006", "step-00000009"}));
   for (int64_t step : {3, 6, 9}) {
-    const fs::path path = dir / policy::snapshot_name(step);
+    const fs::path path = dir / format::step_name(step);
     EXPECT_EQ(read_manifest(path).metadata["step"], step);
     EXPECT_TRUE(bitwise_equal(state_at(path).at("w"), at::full({64, 32}, float(step))));
   }
@@ -180,20 +181,20 @@ TEST(PeriodicSnapshots, ResumeReturnsZeroWhenThereIsNothing) {
 TEST(PeriodicSnapshots, ResumeSkipsCorruptAndTemporarySnapshots) {
   TempDir dir;
   for (int64_t step : {10, 20, 30}) {
-    testing::save_step(dir.path(), policy::snapshot_name(step), step, testing::small_state(step));
+    testing::save_step(dir.path(), format::step_name(step), step, testing::small_state(step));
   }
-  const fs::path bad_hash = dir / policy::snapshot_name(30);
+  const fs::path bad_hash = dir / format::step_name(30);
   for (const auto& e : fs::directory_iterator(bad_hash)) {
     if (e.path().extension() == ".safetensors") testing::flip_byte(e.path(), 4096 + 17);
   }
-  fs::create_directory(dir / policy::snapshot_name(40));  // no manifest
-  std::ofstream(dir / policy::snapshot_name(40) / "MANIFEST.json") << "{ truncated";
+  fs::create_directory(dir / format::step_name(40));  // no manifest
+  std::ofstream(dir / format::step_name(40) / "MANIFEST.json") << "{ truncated";
   Snapshotter snap(testing::small_options(dir.path()));
   // A temporary that holds a complete copy of a newer snapshot: still never read. (Made after the
   // Snapshotter started, so it belongs to a live writer and is not removed.)
   const fs::path temporary =
-      dir / pipeline::temporary_name(policy::snapshot_name(50), policy::temporary_id());
-  fs::copy(dir / policy::snapshot_name(20), temporary);
+      dir / format::temporary_name(format::step_name(50), format::new_save_id());
+  fs::copy(dir / format::step_name(20), temporary);
 
   StateDict sd = testing::small_state(999);
   testing::LogLines log;
@@ -210,9 +211,9 @@ TEST(PeriodicSnapshots, ResumeSkipsCorruptAndTemporarySnapshots) {
   hook.after_step(20);  // the step resumed from: not saved again
   for (int64_t s = 21; s <= 40; ++s) hook.after_step(s);
   hook.finish();
-  EXPECT_NO_THROW(load(dir / policy::snapshot_name(30)));
-  EXPECT_NO_THROW(load(dir / policy::snapshot_name(40)));
-  EXPECT_EQ(latest(dir.path()), dir / policy::snapshot_name(40));
+  EXPECT_NO_THROW(load(dir / format::step_name(30)));
+  EXPECT_NO_THROW(load(dir / format::step_name(40)));
+  EXPECT_EQ(latest(dir.path()), dir / format::step_name(40));
 }
 
 TEST(PeriodicSnapshots, RetentionThroughTheHook) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "io/engine.h"
+#include "support/gate_engine.h"
 #include "support/test_util.h"
 #include "tsnap/checkpoint.h"
 #include "tsnap/periodic_snapshots.h"
@@ -38,31 +39,6 @@ inline void save_step(const std::filesystem::path& root, const std::string& name
   c.metadata()["step"] = step;
   save(root / name, c);
 }
-
-/// An engine whose renames (the commit of each save) wait until `open_gate()`.
-class GateEngine final : public io::ForwardingEngine {
- public:
-  GateEngine() : ForwardingEngine(io::make_pwrite_engine(2)) {}
-  int rename(const std::string& from, const std::string& to, io::RenameMode mode) override {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return open_; });
-    }
-    return ForwardingEngine::rename(from, to, mode);
-  }
-  void open_gate() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      open_ = true;
-    }
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = false;
-};
 
 /// Snapshotter options for small test snapshots under `root`.
 inline SnapshotterOptions small_options(const std::filesystem::path& root,

@@ -8,7 +8,8 @@
 
 #include <filesystem>
 
-#include "policy/root_lock.h"
+#include "format/layout.h"
+#include "pipeline/root_lock.h"
 #include "policy_test_util.h"
 #include "tsnap/catalog.h"
 #include "tsnap/error.h"
@@ -34,7 +35,7 @@ std::vector<std::string> snapshot_names(const fs::path& root) {
 TEST(Retention, DeletesExpiredPeriodicSnapshotsOnly) {
   TempDir dir;
   for (int64_t step : {1, 2, 3, 4, 5, 6, 9}) {
-    testing::save_step(dir.path(), policy::snapshot_name(step), step, testing::small_state(1));
+    testing::save_step(dir.path(), format::step_name(step), step, testing::small_state(1));
   }
   testing::save_step(dir.path(), "manual", 2, testing::small_state(1));  // not a periodic name
   fs::create_directory(dir / "step-00000000");                           // not committed
@@ -59,10 +60,10 @@ TEST(Retention, CrashAtEveryPointLeavesTheNewestSnapshotComplete) {
     SCOPED_TRACE("crash at probe call " + std::to_string(crash_at));
     TempDir dir;
     for (int64_t step = 1; step <= 3; ++step) {
-      testing::save_step(dir.path(), policy::snapshot_name(step), step,
+      testing::save_step(dir.path(), format::step_name(step), step,
                          testing::small_state(10 * step));
     }
-    testing::save_step(dir.path(), policy::snapshot_name(4), 4, newest);
+    testing::save_step(dir.path(), format::step_name(4), 4, newest);
     int calls = 0;
     const auto probe = [&](RetentionPoint point, const fs::path& path) {
       if (++calls < crash_at) return;
@@ -87,7 +88,7 @@ TEST(Retention, CrashAtEveryPointLeavesTheNewestSnapshotComplete) {
     EXPECT_TRUE(testing::bitwise_equal(loaded.at("w"), newest.at("w")));
 
     // The next writer removes the leftover temporary; retention then finishes the job.
-    { policy::RootLock next(dir.path()); }
+    { pipeline::RootLock next(dir.path()); }
     for (const std::string& e : testing::dir_entries(dir.path())) EXPECT_NE(e[0], '.') << e;
     policy::apply_retention(dir.path(), Schedule({.keep_last = 1}), 4);
     EXPECT_EQ(snapshot_names(dir.path()), std::vector<std::string>{"step-00000004"});

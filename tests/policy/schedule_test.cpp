@@ -45,17 +45,5 @@ TEST(Schedule, RejectsBadOptions) {
   EXPECT_NO_THROW(Schedule({.on_signals = {SIGTERM, SIGUSR1}}));
 }
 
-TEST(SnapshotName, RoundTripsAndRejectsOtherNames) {
-  EXPECT_EQ(policy::snapshot_name(1200), "step-00001200");
-  EXPECT_EQ(policy::snapshot_name(123456789012), "step-123456789012");
-  EXPECT_EQ(policy::parse_snapshot_name("step-00001200"), 1200);
-  EXPECT_EQ(policy::parse_snapshot_name("step-123456789012"), 123456789012);
-  EXPECT_EQ(policy::parse_snapshot_name("step-00000000"), 0);
-  for (const char* other : {"step-1200", "step-0000120a", "step-", "x-00001200", "final",
-                            ".step-00001200.tmp-1", "step-000012000000000000000000"}) {
-    EXPECT_FALSE(policy::parse_snapshot_name(other).has_value()) << other;
-  }
-}
-
 }  // namespace
 }  // namespace tsnap

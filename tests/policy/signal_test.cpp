@@ -9,6 +9,7 @@
 #include <chrono>
 #include <thread>
 
+#include "format/layout.h"
 #include "policy/retention.h"
 #include "policy_test_util.h"
 #include "tsnap/load.h"
@@ -81,7 +82,7 @@ TEST_F(SignalTest, FinalSnapshotCommitsThenStop) {
   ASSERT_GE(stopped_at, 3);
   EXPECT_EQ(hook.stop_signal(), SIGUSR2);
   // Committed before stop_requested() turned true.
-  EXPECT_NO_THROW(load(dir_ / policy::snapshot_name(stopped_at)));
+  EXPECT_NO_THROW(load(dir_ / format::step_name(stopped_at)));
   const PeriodicStats stats = hook.stats();
   ASSERT_EQ(stats.snapshots.size(), 1u);
   EXPECT_EQ(stats.snapshots[0].reason, SnapshotReason::kSignal);

@@ -164,7 +164,8 @@ TEST(Checkpoint, MetadataAndVersionsRoundTrip) {
   EXPECT_EQ(info["tsnap_version"], "0.1.0");
   EXPECT_EQ(info["torch_version"], TORCH_VERSION);
   EXPECT_EQ(info["format_version"], kFormatVersion);
-  EXPECT_EQ(info["created"].get<std::string>().size(), 20u);  // 2026-01-02T03:04:05Z
+  // The manifest's spelling (format/layout.h): 2026-01-02T03:04:05.678Z
+  EXPECT_EQ(info["created"].get<std::string>().size(), 24u);
   const int64_t created = info["created_unix_ns"];
   EXPECT_GE(
       created,

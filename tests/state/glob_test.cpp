@@ -1,6 +1,6 @@
 // Glob patterns over state-dict keys (util/glob.h).
 
-#include "util/glob.h"
+#include "common/glob.h"
 
 #include <gtest/gtest.h>
 

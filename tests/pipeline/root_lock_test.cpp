@@ -1,7 +1,7 @@
 // Stale temporaries: removed by the next writer that starts alone on the root, never while a
 // live writer (in this process or another, or with a save in flight) holds the root.
 
-#include "policy/root_lock.h"
+#include "pipeline/root_lock.h"
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -11,8 +11,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "format/layout.h"
 #include "pipeline/commit.h"
-#include "policy_test_util.h"
+#include "policy/policy_test_util.h"
 #include "tsnap/load.h"
 
 namespace tsnap {
@@ -23,21 +24,10 @@ using testing::TempDir;
 
 // A temporary directory as a crashed save leaves it: a shard file, no manifest.
 fs::path make_temporary(const fs::path& root, const std::string& name) {
-  const fs::path dir = root / pipeline::temporary_name(name, policy::temporary_id());
+  const fs::path dir = root / format::temporary_name(name, format::new_save_id());
   fs::create_directory(dir);
   std::ofstream(dir / "shard-00000-of-00001.safetensors") << "partial";
   return dir;
-}
-
-TEST(RootLock, RecognisesOnlyTsnapTemporaries) {
-  const std::string id = policy::temporary_id();
-  EXPECT_TRUE(policy::is_tsnap_temporary(".step-1.tmp-" + id));
-  EXPECT_TRUE(policy::is_tsnap_temporary(".a.tmp-b.tmp-" + id));
-  EXPECT_FALSE(policy::is_tsnap_temporary(".tmp-" + id));
-  EXPECT_FALSE(policy::is_tsnap_temporary("step-1.tmp-" + id));
-  EXPECT_FALSE(policy::is_tsnap_temporary(".bashrc.tmp-1234"));
-  EXPECT_FALSE(policy::is_tsnap_temporary(".x.tmp-" + id + "0"));
-  EXPECT_NE(policy::temporary_id(), id);
 }
 
 TEST(RootLock, NextWriterAloneRemovesStaleTemporaries) {
@@ -77,7 +67,7 @@ TEST(RootLock, SaveInFlightSurvivesANewWriter) {
   SaveHandle h = owner.save_async("step-00000001", sd);  // its commit waits at the gate
   bool temporary_seen = false;
   for (const std::string& e : testing::dir_entries(dir.path())) {
-    temporary_seen |= pipeline::is_temporary_name(e);
+    temporary_seen |= format::is_temporary(e);
   }
   EXPECT_TRUE(temporary_seen);
   { Snapshotter other(testing::small_options(dir.path())); }
@@ -94,7 +84,7 @@ TEST(RootLock, LiveWriterInAnotherProcessThenKilled) {
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    policy::RootLock lock(dir.path());
+    pipeline::RootLock lock(dir.path());
     char c = 1;
     (void)!::write(ready[1], &c, 1);
     (void)!::read(hold[0], &c, 1);  // until killed
@@ -104,7 +94,7 @@ TEST(RootLock, LiveWriterInAnotherProcessThenKilled) {
   ASSERT_EQ(::read(ready[0], &c, 1), 1);
   const fs::path temporary = make_temporary(dir.path(), "step-00000004");
   {
-    policy::RootLock lock(dir.path());
+    pipeline::RootLock lock(dir.path());
     EXPECT_TRUE(lock.locked());
     EXPECT_EQ(lock.removed(), 0);
     EXPECT_TRUE(fs::exists(temporary)) << "removed while its writer was alive";
@@ -113,7 +103,7 @@ TEST(RootLock, LiveWriterInAnotherProcessThenKilled) {
   int status = 0;
   ASSERT_EQ(::waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFSIGNALED(status));
-  policy::RootLock after(dir.path());
+  pipeline::RootLock after(dir.path());
   EXPECT_EQ(after.removed(), 1);
   EXPECT_FALSE(fs::exists(temporary));
   for (int fd : {ready[0], ready[1], hold[0], hold[1]}) ::close(fd);

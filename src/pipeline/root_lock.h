@@ -14,8 +14,8 @@
 /// Snapshotters in one process exclude each other as two processes do; a forked child shares its
 /// parent's lock until it exits or execs (the descriptor is close-on-exec).
 ///
-/// Only entries named like tsnap's own temporaries are removed: `.<name>.tmp-<id>` directories
-/// whose id has the form of Snapshotter's save ids, 16 hex digits, '-', 8 hex digits.
+/// Only entries named like tsnap's own temporaries are removed (`format::is_temporary`:
+/// `.<name>.tmp-<id>` directories whose id has the form of a save id).
 ///
 /// Where flock is refused (some network filesystems refuse it on directories), the writer runs
 /// without the lock and removes nothing: a live writer's temporary is never at risk.
@@ -23,7 +23,7 @@
 #include <filesystem>
 #include <string>
 
-namespace tsnap::policy {
+namespace tsnap::pipeline {
 
 /// Holds the shared writer lock of a root; see the file comment.
 /// Thread-safety: immutable after construction. Ownership: owns a descriptor of the root; the
@@ -49,11 +49,4 @@ class RootLock {
   int removed_ = 0;
 };
 
-/// A fresh id in the form of Snapshotter's save ids (16 hex digits, '-', 8 hex digits), for
-/// temporary names that RootLock recognises.
-std::string temporary_id();
-
-/// True if `entry` is named like a tsnap temporary directory with such an id.
-bool is_tsnap_temporary(const std::string& entry);
-
-}  // namespace tsnap::policy
+}  // namespace tsnap::pipeline

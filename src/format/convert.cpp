@@ -1,4 +1,4 @@
-#include "stage/convert.h"
+#include "format/convert.h"
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -9,7 +9,7 @@
 
 #include "tsnap/error.h"
 
-namespace tsnap::stage {
+namespace tsnap::format {
 namespace {
 
 // f32 -> bf16, round to nearest even; bit-identical to LibTorch's vectorised
@@ -132,4 +132,4 @@ void convert(const void* src, at::ScalarType from, void* dst, at::ScalarType to,
   throw Error(ErrorCode::kInternal, std::string("no conversion from ") + c10::toString(from));
 }
 
-}  // namespace tsnap::stage
+}  // namespace tsnap::format

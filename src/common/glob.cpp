@@ -1,4 +1,4 @@
-#include "util/glob.h"
+#include "common/glob.h"
 
 #include <cstddef>
 #include <utility>

@@ -1,0 +1,58 @@
+#include "pipeline/root_lock.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <system_error>
+
+#include "common/sys_error.h"
+#include "format/layout.h"
+#include "pipeline/commit.h"
+
+namespace tsnap::pipeline {
+namespace {
+
+namespace fs = std::filesystem;
+
+int flock_retry(int fd, int op) {
+  int rc;
+  do {
+    rc = ::flock(fd, op);
+  } while (rc < 0 && errno == EINTR);
+  return rc < 0 ? -errno : 0;
+}
+
+int remove_temporaries(const fs::path& root) {
+  int removed = 0;
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(root, ec)) {
+    if (!format::is_temporary(entry.path().filename().string())) continue;
+    if (!entry.is_directory(ec) || entry.is_symlink(ec)) continue;
+    remove_temporary(entry.path().string());
+    ++removed;
+  }
+  return removed;
+}
+
+}  // namespace
+
+RootLock::RootLock(const fs::path& root) {
+  fd_ = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd_ < 0) detail::throw_sys_error(-errno, "open snapshot root " + root.string());
+  int rc = flock_retry(fd_, LOCK_EX | LOCK_NB);
+  if (rc == 0) {
+    removed_ = remove_temporaries(root);
+    // A downgrade is not atomic: another writer may take the exclusive lock in between and
+    // clean up, which is harmless, since this one has no temporary yet.
+    rc = flock_retry(fd_, LOCK_SH);
+  } else if (rc == -EWOULDBLOCK) {
+    rc = flock_retry(fd_, LOCK_SH);
+  }
+  locked_ = rc == 0;
+}
+
+RootLock::~RootLock() { ::close(fd_); }
+
+}  // namespace tsnap::pipeline
