@@ -125,7 +125,7 @@ void flip_byte(const fs::path& file, uint64_t offset) {
 
 ReaderRun run_reference_reader(const fs::path& file, bool tsnap_rules) {
   const fs::path script =
-      fs::path(__FILE__).parent_path().parent_path() / "format" / "safetensors_reader.py";
+      fs::path(TSNAP_TESTS_DIR) / "format" / "safetensors_reader.py";
   const std::string cmd = "python3 '" + script.string() + "' " + (tsnap_rules ? "--tsnap " : "") +
                           "'" + file.string() + "' 2>&1";
   ReaderRun run;
