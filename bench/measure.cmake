@@ -4,7 +4,7 @@
 include_guard(GLOBAL)
 
 add_library(tsnap_bench_workloads STATIC ${CMAKE_CURRENT_LIST_DIR}/workloads.cpp)
-target_link_libraries(tsnap_bench_workloads PUBLIC tsnap::tsnap)
+target_link_libraries(tsnap_bench_workloads PUBLIC tsnap_core)
 target_include_directories(tsnap_bench_workloads PUBLIC ${CMAKE_CURRENT_LIST_DIR})
 
 # The only translation unit of the benchmarks that includes <torch/serialize.h>.

@@ -19,8 +19,10 @@ TSNAP_TORCH="$kind" "$repo/scripts/install-deps.sh"
 launcher=()
 if command -v ccache >/dev/null 2>&1; then
   launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-  # Paths under the checkout are hashed relative to it: another clone (CI's) reuses the cache.
+  # Paths under the checkout are hashed relative to it, and not the build directory (which -g
+  # would add): another clone (CI's) reuses the cache.
   export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$repo}"
+  export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
 fi
 cmake -S "$repo" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTSNAP_TORCH="$kind" \
   "${launcher[@]}" | grep -E "^-- tsnap:|Error|error" || true

@@ -7,10 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "tsnap/export.h"
+
 namespace tsnap {
 
 /// Options of applying state to objects.
-struct ApplyOptions {
+struct TSNAP_API ApplyOptions {
   /// Strict: any missing key, unexpected key or mismatch is an error (InvalidArgument listing all
   /// of them) and nothing is modified, because everything is checked before anything changes.
   /// Non-strict: what fits is applied and the rest is reported.
@@ -18,14 +20,14 @@ struct ApplyOptions {
 };
 
 /// A key present on both sides whose tensor does not fit its destination.
-struct Mismatch {
+struct TSNAP_API Mismatch {
   std::string key;
   std::string reason;  ///< E.g. "shape [4, 3] in state, [3, 4] in object".
 };
 
 /// What an apply did. Keys are those of the state applied (`<object>/<key>` for checkpoints).
 /// Value type.
-struct ApplyReport {
+struct TSNAP_API ApplyReport {
   std::vector<std::string> missing;     ///< Keys the objects need that the state lacks.
   std::vector<std::string> unexpected;  ///< Keys of the state that no object takes.
   std::vector<Mismatch> mismatched;     ///< Keys whose shape or kind of dtype does not fit.

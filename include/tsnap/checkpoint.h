@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "tsnap/apply_report.h"
+#include "tsnap/export.h"
 #include "tsnap/load.h"
 #include "tsnap/model_state.h"
 #include "tsnap/optimizer_state.h"
@@ -38,7 +39,7 @@ inline constexpr const char* kCheckpointInfoKey = "tsnap";
 /// and tsnap's record of how it was made (`info()`).
 /// Thread-safety: like a std::map (concurrent const use is fine). Ownership: a value type whose
 /// tensors refer to the objects' own (no copies): the state follows training until it is saved.
-class Checkpoint {
+class TSNAP_API Checkpoint {
  public:
   /// One object of a checkpoint, by reference: it must outlive the `of` or `apply` call.
   class Object {
@@ -117,11 +118,12 @@ class Checkpoint {
 
 /// Saves `checkpoint` (its state and `saved_metadata()`) to the snapshot directory `path`.
 /// Errors: those of `saved_metadata()` and of `tsnap::save`.
-SaveStats save(const std::filesystem::path& path, const Checkpoint& checkpoint,
-               const SaveOptions& options = {});
+TSNAP_API SaveStats save(const std::filesystem::path& path, const Checkpoint& checkpoint,
+                         const SaveOptions& options = {});
 
 /// Loads the snapshot at `path` (the keys `options` selects) as a Checkpoint with its metadata.
 /// Errors: those of `tsnap::load` and `tsnap::read_manifest`. Thread-safe.
-Checkpoint load_checkpoint(const std::filesystem::path& path, const LoadOptions& options = {});
+TSNAP_API Checkpoint load_checkpoint(const std::filesystem::path& path,
+                                     const LoadOptions& options = {});
 
 }  // namespace tsnap

@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "tsnap/export.h"
+
 namespace tsnap {
 
 /// What went wrong, one value per distinct failure, so callers and tests can branch on it.
@@ -33,11 +35,11 @@ enum class ErrorCode {
 };
 
 /// Short stable name of a code ("hash_mismatch"), for logs and the CLI.
-const char* to_string(ErrorCode code) noexcept;
+TSNAP_API const char* to_string(ErrorCode code) noexcept;
 
 /// Base of every exception tsnap throws.
 /// Thread-safety: immutable after construction. Ownership: a value type.
-class Error : public std::runtime_error {
+class TSNAP_API Error : public std::runtime_error {
  public:
   Error(ErrorCode code, const std::string& message, int sys_errno = 0)
       : std::runtime_error(message), code_(code), sys_errno_(sys_errno) {}
@@ -52,19 +54,19 @@ class Error : public std::runtime_error {
 };
 
 /// A failed system call; the message names the call, file and offset; `sys_errno()` is set.
-class IoError : public Error {
+class TSNAP_API IoError : public Error {
  public:
   using Error::Error;
 };
 
 /// A snapshot on disk is malformed, truncated or corrupt (header, manifest, offsets, hashes).
-class FormatError : public Error {
+class TSNAP_API FormatError : public Error {
  public:
   using Error::Error;
 };
 
 /// The caller passed something tsnap cannot use (bad option, unknown key, wrong shape).
-class InvalidArgument : public Error {
+class TSNAP_API InvalidArgument : public Error {
  public:
   using Error::Error;
 };

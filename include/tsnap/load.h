@@ -14,8 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "tsnap/manifest.h"
 #include "tsnap/engine_kind.h"
+#include "tsnap/export.h"
+#include "tsnap/manifest.h"
 #include "tsnap/state_dict.h"
 
 namespace tsnap {
@@ -25,7 +26,7 @@ class Engine;
 }
 
 /// Options of a load. Designated initialisers read well: `{.include = {"model.*"}}`.
-struct LoadOptions {
+struct TSNAP_API LoadOptions {
   bool verify = true;                ///< Check every chunk's XXH3-64 (on by default).
   std::vector<std::string> include;  ///< Glob patterns of keys to load (empty = all).
   std::vector<std::string> exclude;  ///< Glob patterns of keys to skip; not with include.
@@ -54,10 +55,10 @@ struct LoadOptions {
 /// kTruncated, kHashMismatch naming file and chunk, ...); IoError naming file and offset;
 /// InvalidArgument for bad patterns. Thread-safe (calls are independent).
 /// Ownership: the returned tensors are new and owned by the caller.
-StateDict load(const std::filesystem::path& path, const LoadOptions& options = {});
+TSNAP_API StateDict load(const std::filesystem::path& path, const LoadOptions& options = {});
 
 /// What a load_into did.
-struct LoadReport {
+struct TSNAP_API LoadReport {
   std::vector<std::string> loaded;  ///< Destination keys written, in key order.
   /// Snapshot keys (selected by include/exclude) that the destination does not have: not read.
   std::vector<std::string> not_in_destination;
@@ -79,11 +80,11 @@ struct LoadReport {
 /// already written (with `atomic`, none ever is).
 /// Thread-safety: `dest`'s tensors must not be used by other threads during the call.
 /// Ownership: writes into `dest`'s storage; `dest` itself (its keys) is not changed.
-LoadReport load_into(const std::filesystem::path& path, StateDict& dest,
-                     const LoadOptions& options = {});
+TSNAP_API LoadReport load_into(const std::filesystem::path& path, StateDict& dest,
+                               const LoadOptions& options = {});
 
 /// One chunk that failed verification.
-struct BadChunk {
+struct TSNAP_API BadChunk {
   std::string file;
   uint64_t chunk = 0;   ///< Chunk index in the file.
   uint64_t offset = 0;  ///< Its byte offset.
@@ -92,6 +93,6 @@ struct BadChunk {
 
 /// Re-hashes every chunk of every shard. Returns the bad ones (empty = intact).
 /// Errors: those of read_manifest (a snapshot without a valid manifest cannot be verified).
-std::vector<BadChunk> verify(const std::filesystem::path& path);
+TSNAP_API std::vector<BadChunk> verify(const std::filesystem::path& path);
 
 }  // namespace tsnap

@@ -4,15 +4,16 @@
 /// docs/format.md). The commit marker of a snapshot and the index of its tensors and files.
 
 #include <c10/core/ScalarType.h>
-#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "tsnap/export.h"
 #include "tsnap/state_dict.h"
 
 namespace tsnap {
@@ -25,39 +26,39 @@ inline constexpr const char* kFormatName = "tsnap";
 inline constexpr const char* kManifestName = "MANIFEST.json";
 
 /// One tensor of a snapshot.
-struct TensorRecord {
+struct TSNAP_API TensorRecord {
   std::string name;
-  std::string file;                 ///< Shard file name, relative to the snapshot directory.
-  at::ScalarType dtype;             ///< Stored dtype.
-  at::ScalarType source_dtype;      ///< Dtype of the tensor that was saved.
+  std::string file;             ///< Shard file name, relative to the snapshot directory.
+  at::ScalarType dtype;         ///< Stored dtype.
+  at::ScalarType source_dtype;  ///< Dtype of the tensor that was saved.
   std::vector<int64_t> shape;
-  uint64_t begin = 0;               ///< Byte offset of the data in the shard file (absolute).
-  uint64_t end = 0;                 ///< One past the last byte (absolute).
-  std::optional<ShardSpec> shard;   ///< Set for a rank's piece of a global tensor.
+  uint64_t begin = 0;              ///< Byte offset of the data in the shard file (absolute).
+  uint64_t end = 0;                ///< One past the last byte (absolute).
+  std::optional<ShardSpec> shard;  ///< Set for a rank's piece of a global tensor.
   uint64_t nbytes() const { return end - begin; }
   int64_t numel() const;
 };
 
 /// One shard file of a snapshot.
-struct FileRecord {
+struct TSNAP_API FileRecord {
   std::string name;
-  uint64_t size = 0;                ///< Exact file size in bytes.
-  uint64_t data_offset = 0;         ///< Where tensor data starts (multiple of 4096).
-  uint64_t chunk_bytes = 0;         ///< Chunk size (multiple of 4096); the last chunk may be short.
+  uint64_t size = 0;         ///< Exact file size in bytes.
+  uint64_t data_offset = 0;  ///< Where tensor data starts (multiple of 4096).
+  uint64_t chunk_bytes = 0;  ///< Chunk size (multiple of 4096); the last chunk may be short.
   std::vector<uint64_t> chunk_hashes;  ///< XXH3-64 of each chunk, in file order.
 };
 
 /// The whole manifest. Value type; cheap enough to copy for tools.
-struct Manifest {
+struct TSNAP_API Manifest {
   int format_version = kFormatVersion;
-  std::string id;                   ///< Unique snapshot id (also in every shard's __metadata__).
+  std::string id;  ///< Unique snapshot id (also in every shard's __metadata__).
   std::string tsnap_version;
   std::string torch_version;
-  std::string created;              ///< ISO-8601 UTC creation time.
+  std::string created;  ///< ISO-8601 UTC creation time.
   int64_t created_unix_ns = 0;
   int world_size = 1;
   nlohmann::json metadata = nlohmann::json::object();  ///< The user's metadata.
-  std::vector<TensorRecord> tensors;                    ///< Sorted by name.
+  std::vector<TensorRecord> tensors;                   ///< Sorted by name.
   std::vector<FileRecord> files;
 
   /// The record of `name`, or nullptr.
@@ -70,6 +71,6 @@ struct Manifest {
 /// Reads and validates `<dir>/MANIFEST.json` (see docs/format.md for every check).
 /// Errors: Error(kNotFound) when missing; FormatError (kBadManifest, kUnsupportedFormat,
 /// kUnsafePath, kBadOffsets) naming the file and the problem. Thread-safe.
-Manifest read_manifest(const std::filesystem::path& dir);
+TSNAP_API Manifest read_manifest(const std::filesystem::path& dir);
 
 }  // namespace tsnap

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tsnap/apply_report.h"
+#include "tsnap/export.h"
 #include "tsnap/state_dict.h"
 
 namespace torch {
@@ -28,7 +29,7 @@ namespace tsnap {
 /// at least `dim + 1` dimensions is split along `dim` into `world_size` contiguous pieces whose
 /// sizes differ by at most one (the first `size % world_size` pieces are one larger); tensors with
 /// fewer dimensions are replicated: every rank holds them whole, without a ShardSpec.
-struct ShardOptions {
+struct TSNAP_API ShardOptions {
   int rank = 0;
   int world_size = 1;  ///< 1 = not sharded.
   int64_t dim = 0;
@@ -36,7 +37,7 @@ struct ShardOptions {
 
 /// Options of `model_state`. Designated initialisers read well:
 /// `{.dtype = at::kBFloat16, .exclude = {"*.bias"}}`.
-struct ModelStateOptions {
+struct TSNAP_API ModelStateOptions {
   /// Store floating tensors as this dtype (kFloat, kHalf, kBFloat16 or kDouble), recorded in each
   /// entry's `StateEntry::dtype`; integer and bool tensors (e.g. BatchNorm's
   /// `num_batches_tracked`) keep theirs. Unset keeps every dtype.
@@ -60,9 +61,11 @@ struct ModelStateOptions {
 /// Errors: InvalidArgument for a non-floating `dtype`, include with exclude, a malformed pattern,
 /// bad shard options, or (strict) a pattern that matches nothing. Thread-safe for concurrent
 /// readers of the module.
-StateDict model_state(const torch::nn::Module& module, const ModelStateOptions& options = {});
+TSNAP_API StateDict model_state(const torch::nn::Module& module,
+                                const ModelStateOptions& options = {});
 /// The same for a TorchScript module (e.g. from `torch::jit::load`).
-StateDict model_state(const torch::jit::Module& module, const ModelStateOptions& options = {});
+TSNAP_API StateDict model_state(const torch::jit::Module& module,
+                                const ModelStateOptions& options = {});
 
 /// Copies `state` into the parameters and buffers of `module` in place (same storage, so
 /// optimizers keep pointing at them), converting each tensor to its destination's dtype and
@@ -70,9 +73,9 @@ StateDict model_state(const torch::jit::Module& module, const ModelStateOptions&
 /// piece of the destination. See ApplyOptions for strict and non-strict behaviour.
 /// Errors: InvalidArgument (kKeyNotFound or kShapeMismatch) listing every problem under strict.
 /// Not thread-safe with respect to other users of the module.
-ApplyReport apply_model_state(const torch::nn::Module& module, const StateDict& state,
-                              const ApplyOptions& options = {});
-ApplyReport apply_model_state(const torch::jit::Module& module, const StateDict& state,
-                              const ApplyOptions& options = {});
+TSNAP_API ApplyReport apply_model_state(const torch::nn::Module& module, const StateDict& state,
+                                        const ApplyOptions& options = {});
+TSNAP_API ApplyReport apply_model_state(const torch::jit::Module& module, const StateDict& state,
+                                        const ApplyOptions& options = {});
 
 }  // namespace tsnap

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "tsnap/apply_report.h"
+#include "tsnap/export.h"
 #include "tsnap/state_dict.h"
 
 namespace torch {
@@ -24,7 +25,7 @@ namespace tsnap {
 
 /// The state of an optimizer, named after the parameters of the module it trains.
 /// Value type; the tensors refer to the optimizer's own (no copies, except `step` counters).
-struct OptimizerState {
+struct TSNAP_API OptimizerState {
   /// Per-parameter state as `<param name>/<field>`: `fc1.weight/exp_avg`, `fc1.weight/exp_avg_sq`,
   /// `fc1.weight/max_exp_avg_sq`, `momentum_buffer`, `square_avg`, `grad_avg`, `sum`, and `step`
   /// as a 0-d int64 tensor. Parameters the optimizer holds no state for yet have no keys.
@@ -39,8 +40,8 @@ struct OptimizerState {
 /// Errors: Error(kUnsupported) "unsupported optimizer: <type>" for other optimizer types;
 /// InvalidArgument naming the group and index of a parameter that `module` does not hold.
 /// Not thread-safe with respect to `optimizer.step()`.
-OptimizerState optimizer_state(const torch::optim::Optimizer& optimizer,
-                               const torch::nn::Module& module);
+TSNAP_API OptimizerState optimizer_state(const torch::optim::Optimizer& optimizer,
+                                         const torch::nn::Module& module);
 
 /// Puts `state` (from `optimizer_state` on an optimizer of the same type over a module with the
 /// same parameter names) into `optimizer`: the hyper-parameters of every group, and each
@@ -51,13 +52,14 @@ OptimizerState optimizer_state(const torch::optim::Optimizer& optimizer,
 /// or different param groups are mismatches (key "param_groups").
 /// Errors: InvalidArgument (kKeyNotFound, kShapeMismatch) listing every problem under strict,
 /// with nothing changed. Not thread-safe with respect to other users of the optimizer.
-ApplyReport apply_optimizer_state(torch::optim::Optimizer& optimizer,
-                                  const torch::nn::Module& module, const OptimizerState& state,
-                                  const ApplyOptions& options = {});
+TSNAP_API ApplyReport apply_optimizer_state(torch::optim::Optimizer& optimizer,
+                                            const torch::nn::Module& module,
+                                            const OptimizerState& state,
+                                            const ApplyOptions& options = {});
 
 /// An optimizer together with the module whose parameters name its state; what a Checkpoint
 /// takes for an optimizer. Refers to both (they must outlive its use).
-struct OptimizerBinding {
+struct TSNAP_API OptimizerBinding {
   torch::optim::Optimizer* optimizer = nullptr;
   const torch::nn::Module* module = nullptr;
 };

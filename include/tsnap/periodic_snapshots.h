@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "tsnap/export.h"
 #include "tsnap/save_handle.h"
 #include "tsnap/save_options.h"
 #include "tsnap/schedule.h"
@@ -50,10 +51,10 @@ enum class WhenBusy {
 enum class SnapshotReason { kSteps, kTime, kSignal };
 
 /// "steps", "time" or "signal".
-const char* to_string(SnapshotReason reason) noexcept;
+TSNAP_API const char* to_string(SnapshotReason reason) noexcept;
 
 /// The figures of one snapshot the hook took.
-struct SnapshotRecord {
+struct TSNAP_API SnapshotRecord {
   int64_t step = 0;
   std::string name;  ///< Directory name under the root, e.g. "step-00001200".
   SnapshotReason reason = SnapshotReason::kSteps;
@@ -67,7 +68,7 @@ struct SnapshotRecord {
 };
 
 /// The figures of a hook so far. Value type.
-struct PeriodicStats {
+struct TSNAP_API PeriodicStats {
   std::vector<SnapshotRecord> snapshots;  ///< In order of completion.
   int64_t skipped = 0;     ///< Snapshots due while the previous one was writing (WhenBusy::kSkip).
   int64_t failed = 0;      ///< Snapshots whose save failed.
@@ -78,7 +79,7 @@ struct PeriodicStats {
 
 /// Options of a PeriodicSnapshots hook. Designated initialisers read well:
 /// `{.save = {.dtype = at::kBFloat16}, .when_busy = tsnap::WhenBusy::kWait}`.
-struct PeriodicOptions {
+struct TSNAP_API PeriodicOptions {
   /// Options of each save. `overwrite` is always on: a snapshot left by an abandoned run at the
   /// same step (e.g. one that was corrupt, so `resume` went back further) is replaced atomically.
   /// With `Staging::kLazy`, call `before_optimizer_step()` before the tensors next change.
@@ -121,7 +122,7 @@ struct PeriodicOptions {
 /// One hook per signal per process. Ownership: refers to the Snapshotter, which must outlive the
 /// hook. Destruction waits for the save in flight to complete (never throws), stops the thread
 /// and restores the previous signal dispositions.
-class PeriodicSnapshots {
+class TSNAP_API PeriodicSnapshots {
  public:
   using MakeCheckpoint = std::function<Checkpoint()>;
   using ApplyCheckpoint = std::function<void(Checkpoint&)>;

@@ -19,12 +19,13 @@
 #include <string>
 #include <vector>
 
+#include "tsnap/export.h"
 #include "tsnap/manifest.h"
 
 namespace tsnap {
 
 /// Options of `tsnap::open`.
-struct OpenOptions {
+struct TSNAP_API OpenOptions {
   /// Check the XXH3-64 of every chunk a read touches (each chunk once per reader).
   bool verify = true;
 };
@@ -36,7 +37,7 @@ struct OpenOptions {
 /// private (copy-on-write) mapping of the shard file: writing to them never changes the file,
 /// and they keep the mapping alive after the reader is gone. The shard files must not be
 /// truncated while mapped (reading a page past the end of a file raises SIGBUS).
-class SnapshotReader {
+class TSNAP_API SnapshotReader {
  public:
   /// The snapshot's manifest.
   const Manifest& manifest() const;
@@ -70,6 +71,6 @@ class SnapshotReader {
 /// Opens the snapshot directory `path`: reads and validates its manifest (shards are opened on
 /// demand). Errors: those of read_manifest (Error(kNotFound), FormatError(kUnsupportedFormat)
 /// for a newer format version, ...). Thread-safe.
-SnapshotReader open(const std::filesystem::path& path, const OpenOptions& options = {});
+TSNAP_API SnapshotReader open(const std::filesystem::path& path, const OpenOptions& options = {});
 
 }  // namespace tsnap

@@ -10,6 +10,8 @@
 #include <memory>
 #include <string>
 
+#include "tsnap/export.h"
+
 namespace tsnap {
 
 namespace detail {
@@ -17,21 +19,21 @@ struct SaveState;
 }
 
 /// Figures of one save; times in seconds.
-struct SaveStats {
-  double stall_s = 0;     ///< How long save_async blocked the caller.
-  double stage_s = 0;     ///< Copy + convert + hash into staging buffers (wall time).
-  double write_s = 0;     ///< From the first write submitted to the last completed.
-  double commit_s = 0;    ///< fsync, manifest, rename.
-  double total_s = 0;     ///< From the call to committed.
-  uint64_t bytes = 0;     ///< Bytes written (all shard files plus manifest).
+struct TSNAP_API SaveStats {
+  double stall_s = 0;         ///< How long save_async blocked the caller.
+  double stage_s = 0;         ///< Copy + convert + hash into staging buffers (wall time).
+  double write_s = 0;         ///< From the first write submitted to the last completed.
+  double commit_s = 0;        ///< fsync, manifest, rename.
+  double total_s = 0;         ///< From the call to committed.
+  uint64_t bytes = 0;         ///< Bytes written (all shard files plus manifest).
   uint64_t tensor_bytes = 0;  ///< Stored tensor bytes.
   uint64_t chunks = 0;
   uint64_t files = 0;
   uint64_t tensors = 0;
-  uint64_t buffer_waits = 0;   ///< Times staging waited for a buffer (snapshot > budget).
-  uint64_t buffers_reused = 0; ///< Staging buffers that earlier saves had already used.
-  std::string engine;          ///< "io_uring" or "pwrite".
-  bool direct = false;         ///< Whether O_DIRECT was used.
+  uint64_t buffer_waits = 0;    ///< Times staging waited for a buffer (snapshot > budget).
+  uint64_t buffers_reused = 0;  ///< Staging buffers that earlier saves had already used.
+  std::string engine;           ///< "io_uring" or "pwrite".
+  bool direct = false;          ///< Whether O_DIRECT was used.
   /// bytes / total_s in GB/s (1e9 bytes), 0 before completion.
   double throughput_gbps() const { return total_s > 0 ? bytes / total_s / 1e9 : 0; }
 };
@@ -43,7 +45,7 @@ struct SaveStats {
 /// its staging buffers) *before* its handle completes. So once `wait()` returns, `done()` is
 /// true, or an `on_complete` callback runs, `Snapshotter::save_async` admits a new save at once:
 /// `InFlightPolicy::kFailFast` does not refuse it and `kWait` does not block on this save.
-class SaveHandle {
+class TSNAP_API SaveHandle {
  public:
   SaveHandle() = default;
   explicit SaveHandle(std::shared_ptr<detail::SaveState> state) : state_(std::move(state)) {}

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <optional>
 
+#include "tsnap/export.h"
+
 namespace tsnap {
 
 /// When `save_async` returns.
@@ -19,7 +21,7 @@ enum class Staging {
 };
 
 /// Options of one save. Designated initialisers read well: `{.dtype = at::kBFloat16}`.
-struct SaveOptions {
+struct TSNAP_API SaveOptions {
   /// Store floating tensors (f64/f32/f16/bf16) as this dtype; integer and bool tensors keep
   /// theirs. A per-entry `StateEntry::dtype` wins over this. Unset keeps every dtype.
   std::optional<at::ScalarType> dtype;

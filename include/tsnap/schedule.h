@@ -6,13 +6,15 @@
 #include <cstdint>
 #include <vector>
 
+#include "tsnap/export.h"
+
 namespace tsnap {
 
 /// What a Schedule holds. Designated initialisers read well:
 /// `{.every_steps = 500, .every_seconds = 600, .on_signals = {SIGTERM, SIGUSR1}, .keep_last = 3,
 ///   .keep_every_steps = 10000}`.
 /// Steps count completed training steps: step 500 is the state after 500 optimizer steps.
-struct ScheduleOptions {
+struct TSNAP_API ScheduleOptions {
   /// Snapshot after every step that is a multiple of this; 0 = never by step count.
   int64_t every_steps = 0;
   /// Snapshot at the first step boundary at least this many seconds after the previous one was
@@ -28,7 +30,7 @@ struct ScheduleOptions {
 
 /// When to snapshot and what to keep: a validated ScheduleOptions and the two decisions a hook
 /// makes from it. Thread-safety: immutable, so any use from any thread. Ownership: a value type.
-class Schedule {
+class TSNAP_API Schedule {
  public:
   /// Checks `options`. Errors: InvalidArgument for a negative count or period, a non-finite
   /// period, or a signal that cannot be caught (outside 1..NSIG-1, SIGKILL, SIGSTOP) or repeated.

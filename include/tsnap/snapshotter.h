@@ -3,15 +3,15 @@
 /// `tsnap::Snapshotter`: owns the save pipeline (staging pool, TBB arena, io engine, io thread)
 /// and takes asynchronous, atomically committed snapshots under one root directory.
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
 #include "tsnap/engine_kind.h"
+#include "tsnap/export.h"
 #include "tsnap/save_handle.h"
 #include "tsnap/save_options.h"
 #include "tsnap/state_dict.h"
@@ -24,16 +24,16 @@ class Engine;
 }
 
 /// Options of a Snapshotter; fixed for its lifetime.
-struct SnapshotterOptions {
-  std::filesystem::path root;                   ///< Snapshots go to `<root>/<name>/`.
+struct TSNAP_API SnapshotterOptions {
+  std::filesystem::path root;                    ///< Snapshots go to `<root>/<name>/`.
   uint64_t staging_budget_bytes = 512ull << 20;  ///< Total size of the staging buffers.
   uint64_t chunk_bytes = 16ull << 20;            ///< Default chunk size (multiple of 4096).
-  int stage_threads = 0;   ///< TBB arena size for copy/convert/hash; 0 = half the cores (>= 1).
-  int io_threads = 4;      ///< Threads of the pwrite engine (and for fsyncs).
-  unsigned queue_depth = 32;                     ///< io_uring submission queue depth.
+  int stage_threads = 0;      ///< TBB arena size for copy/convert/hash; 0 = half the cores (>= 1).
+  int io_threads = 4;         ///< Threads of the pwrite engine (and for fsyncs).
+  unsigned queue_depth = 32;  ///< io_uring submission queue depth.
   EngineKind engine = EngineKind::kAuto;
-  bool direct_io = true;   ///< Use O_DIRECT where allowed.
-  int max_in_flight = 2;   ///< Saves that may be writing at once.
+  bool direct_io = true;  ///< Use O_DIRECT where allowed.
+  int max_in_flight = 2;  ///< Saves that may be writing at once.
   InFlightPolicy in_flight = InFlightPolicy::kWait;
   /// For tests and tools: use this engine instead of building one (e.g. a fault injector).
   std::shared_ptr<io::Engine> engine_override;
@@ -43,7 +43,7 @@ struct SnapshotterOptions {
 /// Thread-safety: all methods may be called from any thread. Ownership: owns its buffers and
 /// threads. Destruction waits for every save in flight to commit or fail (never leaves a
 /// committed-looking partial snapshot); callers that want to give up call `wait_all()` first.
-class Snapshotter {
+class TSNAP_API Snapshotter {
  public:
   /// Allocates and pre-faults the staging pool and starts the io thread.
   /// Errors: InvalidArgument for bad options; IoError if the root cannot be created.

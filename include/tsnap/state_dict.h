@@ -13,10 +13,12 @@
 #include <utility>
 #include <vector>
 
+#include "tsnap/export.h"
+
 namespace tsnap {
 
 /// Where a rank's local piece sits inside a global tensor (sharded state, distributed saves).
-struct ShardSpec {
+struct TSNAP_API ShardSpec {
   std::vector<int64_t> global_shape;  ///< Shape of the whole tensor across all ranks.
   std::vector<int64_t> offsets;       ///< Index of this piece's first element in each dimension.
   bool operator==(const ShardSpec& o) const {
@@ -25,7 +27,7 @@ struct ShardSpec {
 };
 
 /// One tensor of a state dict. The tensor is referenced, never copied, until a save stages it.
-struct StateEntry {
+struct TSNAP_API StateEntry {
   at::Tensor tensor;
   /// The dtype to store it as; unset keeps the tensor's dtype (or takes `SaveOptions::dtype`).
   /// Integer and bool tensors are never converted, whatever is asked.
@@ -37,7 +39,7 @@ struct StateEntry {
 /// An ordered (by key) map from names to tensors, as LibTorch's `named_parameters()` gives them.
 /// Thread-safety: like a std::map; concurrent reads are fine, writes need external locking.
 /// Ownership: holds tensor references (shared storage), not copies.
-class StateDict {
+class TSNAP_API StateDict {
  public:
   using Map = std::map<std::string, StateEntry>;
   using iterator = Map::iterator;

@@ -2,11 +2,7 @@
 //   consumer DIR   (DIR/snap is created)
 
 #include <ATen/ATen.h>
-#include <tsnap/error.h>
-#include <tsnap/load.h>
-#include <tsnap/manifest.h>
-#include <tsnap/save.h>
-#include <tsnap/state_dict.h>
+#include <tsnap/tsnap.h>  // the umbrella: every public header
 
 #include <cstdio>
 #include <filesystem>
@@ -43,6 +39,19 @@ int main(int argc, char** argv) {
     }
     ok &= check(manifest.metadata == metadata, "metadata differs");
     ok &= check(tsnap::verify(path).empty(), "verify found bad chunks");
+
+    // The asynchronous path through the exported Snapshotter and SaveHandle.
+    tsnap::SnapshotterOptions options;
+    options.root = std::filesystem::path(argv[1]) / "root";
+    tsnap::Snapshotter snapshotter(options);
+    tsnap::SaveHandle handle = snapshotter.save_async("step-00000007", state, metadata);
+    handle.wait();
+    ok &= check(tsnap::latest(options.root) == options.root / "step-00000007", "latest differs");
+    try {
+      tsnap::load(options.root / "missing");
+      ok &= check(false, "loading a missing snapshot did not throw");
+    } catch (const tsnap::Error&) {  // the exception's type crosses the library boundary
+    }
     if (!ok) return 1;
   } catch (const tsnap::Error& e) {
     std::fprintf(stderr, "consumer: tsnap error: %s\n", e.what());
