@@ -106,6 +106,40 @@ std::string utc_timestamp(std::chrono::system_clock::time_point t) {
   return buf;
 }
 
+std::optional<int64_t> parse_utc_timestamp(const std::string& text) {
+  auto digits = [&](size_t pos, size_t n) {
+    if (pos + n > text.size()) return -1;
+    int v = 0;
+    for (size_t i = pos; i < pos + n; ++i) {
+      if (text[i] < '0' || text[i] > '9') return -1;
+      v = v * 10 + (text[i] - '0');
+    }
+    return v;
+  };
+  std::tm tm{};
+  tm.tm_year = digits(0, 4) - 1900;
+  tm.tm_mon = digits(5, 2) - 1;
+  tm.tm_mday = digits(8, 2);
+  tm.tm_hour = digits(11, 2);
+  tm.tm_min = digits(14, 2);
+  tm.tm_sec = digits(17, 2);
+  size_t end = 19;
+  if (end < text.size() && text[end] == '.') {
+    ++end;
+    const size_t first = end;
+    while (end < text.size() && text[end] >= '0' && text[end] <= '9') ++end;
+    if (end == first || end - first > 9) return std::nullopt;  // a '.' needs 1 to 9 digits
+  }
+  const bool shaped = text.size() >= 20 && text[4] == '-' && text[7] == '-' && text[10] == 'T' &&
+                      text[13] == ':' && text[16] == ':' && end + 1 == text.size() &&
+                      text[end] == 'Z';
+  const bool ranged = tm.tm_year >= 70 && tm.tm_mon >= 0 && tm.tm_mon < 12 && tm.tm_mday >= 1 &&
+                      tm.tm_mday <= 31 && tm.tm_hour >= 0 && tm.tm_hour < 24 && tm.tm_min >= 0 &&
+                      tm.tm_min < 60 && tm.tm_sec >= 0 && tm.tm_sec <= 60;
+  if (!shaped || !ranged) return std::nullopt;
+  return static_cast<int64_t>(::timegm(&tm));
+}
+
 bool newer(const SnapshotAge& a, const SnapshotAge& b) {
   if (a.step != b.step) return !b.step || (a.step && *a.step > *b.step);
   return a.created_unix_ns > b.created_unix_ns;

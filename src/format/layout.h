@@ -51,6 +51,10 @@ std::optional<int64_t> step_of(const nlohmann::json& metadata);
 /// The manifest's `created` spelling: ISO 8601 UTC with milliseconds, "2026-11-29T18:00:00.123Z".
 std::string utc_timestamp(std::chrono::system_clock::time_point t);
 
+/// The Unix time in seconds of a `created` spelling: "YYYY-MM-DDTHH:MM:SS[.1 to 9 digits]Z", UTC,
+/// from 1970 on; nullopt for anything else.
+std::optional<int64_t> parse_utc_timestamp(const std::string& text);
+
 /// What decides which of two committed snapshots is the newer: the step first (a snapshot
 /// without one is older than any with one), then the creation time.
 struct SnapshotAge {

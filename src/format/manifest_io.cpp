@@ -4,12 +4,12 @@
 #include <cinttypes>
 #include <climits>
 #include <cstdio>
-#include <ctime>
 #include <map>
 #include <tuple>
 
 #include "format/dtype.h"
 #include "format/json_writer.h"
+#include "format/layout.h"
 #include "format/safetensors.h"
 #include "tsnap/error.h"
 
@@ -435,41 +435,12 @@ std::string manifest_to_text(const Manifest& m) {
 // `created` is an ISO 8601 UTC time, "YYYY-MM-DDTHH:MM:SS[.fraction]Z", of the same second as
 // `created_unix_ns`: a manifest whose two times disagree was not written by tsnap's writer.
 void check_created(const Checker& c, const std::string& created, int64_t unix_ns) {
-  auto digits = [&](size_t pos, size_t n) {
-    if (pos + n > created.size()) return -1;
-    int v = 0;
-    for (size_t i = pos; i < pos + n; ++i) {
-      if (created[i] < '0' || created[i] > '9') return -1;
-      v = v * 10 + (created[i] - '0');
-    }
-    return v;
-  };
-  std::tm tm{};
-  tm.tm_year = digits(0, 4) - 1900;
-  tm.tm_mon = digits(5, 2) - 1;
-  tm.tm_mday = digits(8, 2);
-  tm.tm_hour = digits(11, 2);
-  tm.tm_min = digits(14, 2);
-  tm.tm_sec = digits(17, 2);
-  size_t end = 19;
-  if (end < created.size() && created[end] == '.') {
-    ++end;
-    const size_t first = end;
-    while (end < created.size() && created[end] >= '0' && created[end] <= '9') ++end;
-    if (end == first || end - first > 9) end = 0;  // a '.' needs 1 to 9 digits
-  }
-  const bool shaped = created.size() >= 20 && end != 0 && created[4] == '-' &&
-                      created[7] == '-' && created[10] == 'T' && created[13] == ':' &&
-                      created[16] == ':' && end + 1 == created.size() && created[end] == 'Z';
-  const bool ranged = tm.tm_year >= 70 && tm.tm_mon >= 0 && tm.tm_mon < 12 &&
-                      tm.tm_mday >= 1 && tm.tm_mday <= 31 && tm.tm_hour >= 0 &&
-                      tm.tm_hour < 24 && tm.tm_min >= 0 && tm.tm_min < 60 && tm.tm_sec >= 0 &&
-                      tm.tm_sec <= 60;
-  if (!shaped || !ranged) {
+  const std::optional<int64_t> seconds = parse_utc_timestamp(created);
+  if (!seconds) {
     c.fail(ErrorCode::kBadManifest, "\"created\" is \"" + printable(created) +
                                         "\", not an ISO 8601 UTC time (YYYY-MM-DDTHH:MM:SSZ)");
   }
-  if (unix_ns < 0 || static_cast<int64_t>(::timegm(&tm)) != unix_ns / 1000000000) {
+  if (unix_ns < 0 || *seconds != unix_ns / 1000000000) {
     c.fail(ErrorCode::kBadManifest, "\"created\" (" + created + ") and \"created_unix_ns\" (" +
                                         std::to_string(unix_ns) + ") name different times");
   }

@@ -72,6 +72,9 @@ TEST(Layout, StepOfMetadata) {
 TEST(Layout, UtcTimestamp) {
   const std::chrono::system_clock::time_point t{std::chrono::milliseconds(1795975200123)};
   EXPECT_EQ(utc_timestamp(t), "2026-11-29T18:00:00.123Z");
+  EXPECT_EQ(parse_utc_timestamp(utc_timestamp(t)), 1795975200);
+  EXPECT_EQ(parse_utc_timestamp("2026-11-29T18:00:00Z"), 1795975200);
+  EXPECT_FALSE(parse_utc_timestamp("2026-11-29T18:00:00.Z").has_value());
 }
 
 TEST(Layout, NewerOrdersByStepThenCreation) {

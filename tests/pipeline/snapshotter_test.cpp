@@ -142,15 +142,20 @@ TEST(Snapshotter, FailFastPolicyRefusesWhenBusy) {
   expect_equal(sd, load(dir / "b"));
 }
 
-class AdmissionTest : public ::testing::TestWithParam<InFlightPolicy> {};
+class AdmissionTest : public ::testing::TestWithParam<InFlightPolicy> {
+ protected:
+  // One save in flight at most, under the policy of the test.
+  SnapshotterOptions options(const TempDir& dir) const {
+    return {.root = dir.path(), .staging_budget_bytes = 1 << 20, .chunk_bytes = 1 << 20,
+            .engine = EngineKind::kPwrite, .max_in_flight = 1, .in_flight = GetParam()};
+  }
+};
 
 // wait() returning means a new save is admitted at once (the slot is released before the
 // handle completes), under both policies, every time.
 TEST_P(AdmissionTest, SaveRightAfterWaitIsAdmitted) {
   TempDir dir;
-  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 1 << 20,
-                    .chunk_bytes = 1 << 20, .engine = EngineKind::kPwrite,
-                    .max_in_flight = 1, .in_flight = GetParam()});
+  Snapshotter snap(options(dir));
   StateDict sd = big_state(1, 256, 2);
   for (int i = 0; i < 300; ++i) {
     ASSERT_NO_THROW(snap.save_async("s" + std::to_string(i), sd).wait()) << "save " << i;
@@ -161,9 +166,7 @@ TEST_P(AdmissionTest, SaveRightAfterWaitIsAdmitted) {
 // The same from the completion callback: each save's on_complete starts the next one.
 TEST_P(AdmissionTest, SaveFromOnCompleteIsAdmitted) {
   TempDir dir;
-  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 1 << 20,
-                    .chunk_bytes = 1 << 20, .engine = EngineKind::kPwrite,
-                    .max_in_flight = 1, .in_flight = GetParam()});
+  Snapshotter snap(options(dir));
   StateDict sd = big_state(1, 256, 3);
   constexpr int kSaves = 300;
   std::mutex mu;
