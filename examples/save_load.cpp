@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <tsnap/error.h>
 #include <tsnap/load.h>
+#include <tsnap/remove.h>
 #include <tsnap/snapshotter.h>
 #include <tsnap/state_dict.h>
 #include <unistd.h>
@@ -179,8 +180,11 @@ bool save_and_check(tsnap::Snapshotter& snapshotter, const std::string& name,
 struct RemoveAtExit {
   fs::path dir;
   ~RemoveAtExit() {
-    std::error_code ignored;
-    if (!dir.empty()) fs::remove_all(dir, ignored);
+    try {
+      if (!dir.empty()) tsnap::remove_tree(dir);
+    } catch (const tsnap::Error& e) {
+      std::fprintf(stderr, "could not remove %s: %s\n", dir.c_str(), e.what());
+    }
   }
 };
 

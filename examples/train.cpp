@@ -22,6 +22,7 @@
 #include <torch/torch.h>
 #include <tsnap/checkpoint.h>
 #include <tsnap/periodic_snapshots.h>
+#include <tsnap/remove.h>
 #include <tsnap/schedule.h>
 #include <tsnap/snapshotter.h>
 #include <unistd.h>
@@ -393,9 +394,8 @@ int demo(const Args& args) {
   const fs::path dir =
       temporary ? fs::temp_directory_path() / ("tsnap-train-" + std::to_string(::getpid()))
                 : args.dir;
-  std::error_code ec;
-  fs::remove_all(dir / "with-snapshots", ec);
-  fs::remove_all(dir / "preempted", ec);
+  tsnap::remove_tree(dir / "with-snapshots");
+  tsnap::remove_tree(dir / "preempted");
   fs::create_directories(dir);
 
   std::printf("tsnap training demo: a %" PRId64 "-layer transformer (d_model %" PRId64 ", %" PRId64
@@ -419,7 +419,7 @@ int demo(const Args& args) {
                 mean_step_ms(one), median_step_ms(one), describe_status(one.status).c_str());
     std::printf("[2/4] uninterrupted, snapshots every %" PRId64 " steps%s ...\n", args.every,
                 round.c_str());
-    fs::remove_all(dir / "with-snapshots", ec);
+    tsnap::remove_tree(dir / "with-snapshots");
     Run two = run_child(args, dir / "run2.txt", {"--root", (dir / "with-snapshots").string()});
     std::printf("      %zu steps, %.2f ms/step (median %.2f), %zu snapshots (%s skipped), %s, %s\n",
                 two.loss_bits.size(), mean_step_ms(two), median_step_ms(two), two.snapshots.size(),
@@ -534,7 +534,7 @@ int demo(const Args& args) {
               ok34 ? "identical (bitwise)" : "DIFFERENT");
 
   if (temporary) {
-    fs::remove_all(dir, ec);
+    tsnap::remove_tree(dir);
   } else {
     std::printf("\nsnapshots kept: %s/with-snapshots and %s/preempted\n", dir.c_str(), dir.c_str());
   }

@@ -4,6 +4,7 @@
 /// `tsnap::Error` (or a subclass) whose message names the key, file, offset or errno involved.
 /// Background failures never escape a thread: they complete the handle and `wait()` rethrows them.
 
+#include <exception>
 #include <stdexcept>
 #include <string>
 
@@ -36,6 +37,43 @@ enum class ErrorCode {
 
 /// Short stable name of a code ("hash_mismatch"), for logs and the CLI.
 TSNAP_API const char* to_string(ErrorCode code) noexcept;
+
+/// The exception class a code is thrown as; every throw in tsnap derives it from the code, so a
+/// code always comes with the same class:
+///
+/// | class             | codes                                                                |
+/// |-------------------|----------------------------------------------------------------------|
+/// | `InvalidArgument` | kInvalidArgument, kKeyNotFound, kShapeMismatch                       |
+/// | `IoError`         | kIo, kNoSpace, kNotFound (`sys_errno()` is ENOENT where a call failed) |
+/// | `FormatError`     | kBadHeader, kHeaderTooLarge, kBadOffsets, kBadManifest,              |
+/// |                   | kUnsupportedFormat, kUnsafePath, kTruncated, kHashMismatch           |
+/// | `Error`           | kAlreadyExists, kBusy, kCancelled, kUnsupported, kInternal           |
+enum class ErrorClass { kError, kIoError, kFormatError, kInvalidArgument };
+
+/// The class of `code` (the table above).
+constexpr ErrorClass error_class(ErrorCode code) noexcept {
+  switch (code) {
+    case ErrorCode::kInvalidArgument:
+    case ErrorCode::kKeyNotFound:
+    case ErrorCode::kShapeMismatch:
+      return ErrorClass::kInvalidArgument;
+    case ErrorCode::kIo:
+    case ErrorCode::kNoSpace:
+    case ErrorCode::kNotFound:
+      return ErrorClass::kIoError;
+    case ErrorCode::kBadHeader:
+    case ErrorCode::kHeaderTooLarge:
+    case ErrorCode::kBadOffsets:
+    case ErrorCode::kBadManifest:
+    case ErrorCode::kUnsupportedFormat:
+    case ErrorCode::kUnsafePath:
+    case ErrorCode::kTruncated:
+    case ErrorCode::kHashMismatch:
+      return ErrorClass::kFormatError;
+    default:
+      return ErrorClass::kError;
+  }
+}
 
 /// Base of every exception tsnap throws.
 /// Thread-safety: immutable after construction. Ownership: a value type.
@@ -70,5 +108,14 @@ class TSNAP_API InvalidArgument : public Error {
  public:
   using Error::Error;
 };
+
+/// The exception of `code`'s class (see error_class) carrying `message` and `sys_errno`.
+/// Thread-safety: thread-safe. Ownership: the caller owns the returned exception.
+TSNAP_API std::exception_ptr make_error(ErrorCode code, const std::string& message,
+                                        int sys_errno = 0);
+
+/// Throws make_error(code, message, sys_errno): the one way tsnap throws.
+[[noreturn]] TSNAP_API void throw_error(ErrorCode code, const std::string& message,
+                                        int sys_errno = 0);
 
 }  // namespace tsnap

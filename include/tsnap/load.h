@@ -21,10 +21,6 @@
 
 namespace tsnap {
 
-namespace io {
-class Engine;
-}
-
 /// Options of a load. Designated initialisers read well: `{.include = {"model.*"}}`.
 struct TSNAP_API LoadOptions {
   bool verify = true;                ///< Check every chunk's XXH3-64 (on by default).
@@ -45,13 +41,11 @@ struct TSNAP_API LoadOptions {
   /// cache already (cached files are read through the cache, which is faster).
   bool direct_io = true;
   int io_threads = 4;  ///< Threads of the pread engine.
-  /// For tests and tools: read through this engine instead of building one.
-  std::shared_ptr<io::Engine> engine_override;
 };
 
 /// Loads a snapshot into new CPU tensors in their stored dtype, bit-identical to what was
 /// saved (sharded pieces keep their ShardSpec). Only the selected keys' chunks are read.
-/// Errors: Error(kNotFound) for a missing snapshot or shard; FormatError (kUnsupportedFormat,
+/// Errors: IoError(kNotFound) for a missing snapshot or shard; FormatError (kUnsupportedFormat,
 /// kTruncated, kHashMismatch naming file and chunk, ...); IoError naming file and offset;
 /// InvalidArgument for bad patterns. Thread-safe (calls are independent).
 /// Ownership: the returned tensors are new and owned by the caller.

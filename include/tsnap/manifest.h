@@ -69,7 +69,7 @@ struct TSNAP_API Manifest {
 };
 
 /// Reads and validates `<dir>/MANIFEST.json` (see docs/format.md for every check).
-/// Errors: Error(kNotFound) when missing; FormatError (kBadManifest, kUnsupportedFormat,
+/// Errors: IoError(kNotFound) when missing; FormatError (kBadManifest, kUnsupportedFormat,
 /// kUnsafePath, kBadOffsets) naming the file and the problem. Thread-safe.
 TSNAP_API Manifest read_manifest(const std::filesystem::path& dir);
 

@@ -169,9 +169,8 @@ class TSNAP_API PeriodicSnapshots {
   /// The figures so far (complete for every snapshot that has finished).
   PeriodicStats stats() const;
 
-  struct Impl;
-
  private:
+  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -49,7 +49,7 @@ class TSNAP_API SnapshotReader {
 
   /// Tensor `key` in its stored dtype and shape (a CPU view of the mapping; call `.clone()`
   /// for an independent copy, `.to(dtype)` to convert).
-  /// Errors: InvalidArgument(kKeyNotFound); Error(kNotFound) for a missing shard;
+  /// Errors: InvalidArgument(kKeyNotFound); IoError(kNotFound) for a missing shard;
   /// FormatError(kTruncated, kBadManifest) for a shard that disagrees with the manifest;
   /// FormatError(kHashMismatch) naming file and chunk when verification is on.
   at::Tensor read(const std::string& key) const;
@@ -59,17 +59,18 @@ class TSNAP_API SnapshotReader {
   /// Errors: those of `read`; InvalidArgument for a 0-d tensor or rows outside [0, size(0)].
   at::Tensor read_rows(const std::string& key, int64_t start, int64_t length) const;
 
-  struct Impl;
-  explicit SnapshotReader(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
-
  private:
+  struct Impl;
+  friend TSNAP_API SnapshotReader open(const std::filesystem::path& path,
+                                       const OpenOptions& options);
+  explicit SnapshotReader(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
   at::Tensor view(const TensorRecord& r, uint64_t begin, uint64_t end,
                   std::vector<int64_t> shape) const;
   std::shared_ptr<const Impl> impl_;
 };
 
 /// Opens the snapshot directory `path`: reads and validates its manifest (shards are opened on
-/// demand). Errors: those of read_manifest (Error(kNotFound), FormatError(kUnsupportedFormat)
+/// demand). Errors: those of read_manifest (IoError(kNotFound), FormatError(kUnsupportedFormat)
 /// for a newer format version, ...). Thread-safe.
 TSNAP_API SnapshotReader open(const std::filesystem::path& path, const OpenOptions& options = {});
 

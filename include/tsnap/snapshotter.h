@@ -19,9 +19,6 @@
 namespace tsnap {
 
 class Checkpoint;
-namespace io {
-class Engine;
-}
 
 /// Options of a Snapshotter; fixed for its lifetime.
 struct TSNAP_API SnapshotterOptions {
@@ -35,8 +32,6 @@ struct TSNAP_API SnapshotterOptions {
   bool direct_io = true;  ///< Use O_DIRECT where allowed.
   int max_in_flight = 2;  ///< Saves that may be writing at once.
   InFlightPolicy in_flight = InFlightPolicy::kWait;
-  /// For tests and tools: use this engine instead of building one (e.g. a fault injector).
-  std::shared_ptr<io::Engine> engine_override;
 };
 
 /// Takes snapshots under `options.root`.
@@ -73,9 +68,8 @@ class TSNAP_API Snapshotter {
   /// The newest committed snapshot under root (see tsnap::latest), if any.
   std::optional<std::filesystem::path> latest() const;
 
-  struct Impl;
-
  private:
+  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -55,9 +55,9 @@ class TSNAP_API StateDict {
                      std::optional<ShardSpec> shard = {});
   /// Adds or replaces a tensor.
   StateEntry& set(std::string key, at::Tensor tensor);
-  /// The tensor under `key`; throws Error(kKeyNotFound) naming the key.
+  /// The tensor under `key`; throws InvalidArgument(kKeyNotFound) naming the key.
   const at::Tensor& at(const std::string& key) const;
-  /// The entry under `key`; throws Error(kKeyNotFound) naming the key.
+  /// The entry under `key`; throws InvalidArgument(kKeyNotFound) naming the key.
   StateEntry& entry(const std::string& key);
   const StateEntry& entry(const std::string& key) const;
   bool contains(const std::string& key) const { return map_.count(key) != 0; }

@@ -13,6 +13,7 @@
 #include "tsnap/optimizer_state.h"
 #include "tsnap/periodic_snapshots.h"
 #include "tsnap/reader.h"
+#include "tsnap/remove.h"
 #include "tsnap/rng_state.h"
 #include "tsnap/save.h"
 #include "tsnap/save_handle.h"

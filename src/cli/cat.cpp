@@ -187,9 +187,8 @@ int run_cat(const CatOptions& options) {
       start = std::stoll(options.rows.substr(0, colon));
       end = std::stoll(options.rows.substr(colon + 1));
     } catch (const std::exception&) {
-      throw InvalidArgument(
-          ErrorCode::kInvalidArgument,
-          "--rows takes START:END (rows along dimension 0), not '" + options.rows + "'");
+      throw_error(ErrorCode::kInvalidArgument,
+                  "--rows takes START:END (rows along dimension 0), not '" + options.rows + "'");
     }
     t = reader.read_rows(options.key, start, end - start);
     rows = " rows [" + std::to_string(start) + ", " + std::to_string(end) + ")";

@@ -71,7 +71,7 @@ nlohmann::json to_json(const Listed& entry) {
 
 int run_ls(const LsOptions& options) {
   if (!fs::is_directory(options.root)) {
-    throw Error(ErrorCode::kNotFound, "not a directory: " + options.root.string());
+    throw_error(ErrorCode::kNotFound, "not a directory: " + options.root.string());
   }
   const std::vector<Listed> entries = list(options.root);
   if (options.json) {

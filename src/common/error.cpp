@@ -46,4 +46,22 @@ const char* to_string(ErrorCode code) noexcept {
   return "unknown";
 }
 
+std::exception_ptr make_error(ErrorCode code, const std::string& message, int sys_errno) {
+  switch (error_class(code)) {
+    case ErrorClass::kInvalidArgument:
+      return std::make_exception_ptr(InvalidArgument(code, message, sys_errno));
+    case ErrorClass::kIoError:
+      return std::make_exception_ptr(IoError(code, message, sys_errno));
+    case ErrorClass::kFormatError:
+      return std::make_exception_ptr(FormatError(code, message, sys_errno));
+    case ErrorClass::kError:
+      break;
+  }
+  return std::make_exception_ptr(Error(code, message, sys_errno));
+}
+
+void throw_error(ErrorCode code, const std::string& message, int sys_errno) {
+  std::rethrow_exception(make_error(code, message, sys_errno));
+}
+
 }  // namespace tsnap

@@ -37,8 +37,8 @@ struct Token {
 };
 
 [[noreturn]] void bad_pattern(std::string_view pattern, const char* why) {
-  throw InvalidArgument(ErrorCode::kInvalidArgument,
-                        "bad glob pattern '" + std::string(pattern) + "': " + why);
+  throw_error(ErrorCode::kInvalidArgument,
+              "bad glob pattern '" + std::string(pattern) + "': " + why);
 }
 
 std::vector<Token> parse(std::string_view p) {
@@ -107,8 +107,7 @@ std::vector<std::string> select_keys(const std::vector<std::string>& keys,
                                      const std::vector<std::string>& include,
                                      const std::vector<std::string>& exclude, bool strict) {
   if (!include.empty() && !exclude.empty()) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument,
-                          "give include or exclude patterns, not both");
+    throw_error(ErrorCode::kInvalidArgument, "give include or exclude patterns, not both");
   }
   const bool including = !include.empty();
   const auto& patterns = including ? include : exclude;
@@ -128,9 +127,8 @@ std::vector<std::string> select_keys(const std::vector<std::string>& keys,
   if (strict) {
     for (size_t i = 0; i < patterns.size(); ++i) {
       if (!used[i]) {
-        throw InvalidArgument(ErrorCode::kKeyNotFound,
-                              std::string(including ? "include" : "exclude") + " pattern '" +
-                                  patterns[i] + "' matches no key");
+        throw_error(ErrorCode::kKeyNotFound, std::string(including ? "include" : "exclude") +
+                                                 " pattern '" + patterns[i] + "' matches no key");
       }
     }
   }

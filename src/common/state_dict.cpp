@@ -7,16 +7,16 @@ namespace {
 
 void check_new_entry(const std::string& key, const at::Tensor& tensor) {
   if (key.empty()) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument, "tsnap: StateDict key must not be empty");
+    throw_error(ErrorCode::kInvalidArgument, "tsnap: StateDict key must not be empty");
   }
   if (!tensor.defined()) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument,
-                          "tsnap: StateDict tensor for key '" + key + "' is undefined");
+    throw_error(ErrorCode::kInvalidArgument,
+                "tsnap: StateDict tensor for key '" + key + "' is undefined");
   }
 }
 
 [[noreturn]] void throw_key_not_found(const std::string& key) {
-  throw Error(ErrorCode::kKeyNotFound, "tsnap: key '" + key + "' is not in the StateDict");
+  throw_error(ErrorCode::kKeyNotFound, "tsnap: key '" + key + "' is not in the StateDict");
 }
 
 }  // namespace
@@ -29,8 +29,7 @@ StateEntry& StateDict::insert(std::string key, at::Tensor tensor,
                               std::optional<at::ScalarType> dtype, std::optional<ShardSpec> shard) {
   check_new_entry(key, tensor);
   if (map_.count(key) != 0) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument,
-                          "tsnap: duplicate StateDict key '" + key + "'");
+    throw_error(ErrorCode::kInvalidArgument, "tsnap: duplicate StateDict key '" + key + "'");
   }
   StateEntry entry{std::move(tensor), dtype, std::move(shard)};
   return map_.emplace(std::move(key), std::move(entry)).first->second;

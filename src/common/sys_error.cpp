@@ -10,8 +10,7 @@ namespace tsnap::detail {
 std::exception_ptr sys_error(int neg_errno, const std::string& what) {
   const int e = neg_errno < 0 ? -neg_errno : neg_errno;
   const ErrorCode code = (e == ENOSPC || e == EDQUOT) ? ErrorCode::kNoSpace : ErrorCode::kIo;
-  return std::make_exception_ptr(
-      IoError(code, what + ": " + std::strerror(e) + " (errno " + std::to_string(e) + ")", e));
+  return make_error(code, what + ": " + std::strerror(e) + " (errno " + std::to_string(e) + ")", e);
 }
 
 void throw_sys_error(int neg_errno, const std::string& what) {

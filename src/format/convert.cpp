@@ -99,7 +99,7 @@ void cast_from(const void* src, void* dst, at::ScalarType to, size_t n) {
     default:
       break;
   }
-  throw Error(ErrorCode::kInternal, std::string("no conversion to ") + c10::toString(to));
+  throw_error(ErrorCode::kInternal, std::string("no conversion to ") + c10::toString(to));
 }
 
 }  // namespace
@@ -129,7 +129,7 @@ void convert(const void* src, at::ScalarType from, void* dst, at::ScalarType to,
     default:
       break;
   }
-  throw Error(ErrorCode::kInternal, std::string("no conversion from ") + c10::toString(from));
+  throw_error(ErrorCode::kInternal, std::string("no conversion from ") + c10::toString(from));
 }
 
 }  // namespace tsnap::format

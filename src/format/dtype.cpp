@@ -44,10 +44,10 @@ bool is_floating(at::ScalarType t) noexcept {
 
 std::string_view dtype_name(at::ScalarType t) {
   if (const DtypeInfo* d = info(t)) return d->name;
-  throw InvalidArgument(ErrorCode::kInvalidArgument,
-                        std::string("dtype ") + c10::toString(t) +
-                            " is not supported by format v1 (F64 F32 F16 BF16 I64 I32 I16 I8 U8 "
-                            "BOOL)");
+  throw_error(ErrorCode::kInvalidArgument,
+              std::string("dtype ") + c10::toString(t) +
+                  " is not supported by format v1 (F64 F32 F16 BF16 I64 I32 I16 I8 U8 "
+                  "BOOL)");
 }
 
 std::optional<at::ScalarType> find_dtype(std::string_view name) noexcept {
@@ -59,8 +59,7 @@ std::optional<at::ScalarType> find_dtype(std::string_view name) noexcept {
 
 at::ScalarType parse_dtype(std::string_view name, const std::string& where) {
   if (auto t = find_dtype(name)) return *t;
-  throw FormatError(ErrorCode::kBadHeader,
-                    where + ": unknown dtype \"" + printable(name, 32) + "\"");
+  throw_error(ErrorCode::kBadHeader, where + ": unknown dtype \"" + printable(name, 32) + "\"");
 }
 
 size_t element_size(at::ScalarType t) noexcept {

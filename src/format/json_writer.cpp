@@ -51,7 +51,7 @@ void append_json_string(std::string& out, std::string_view s) {
     if (c >= 0x80) {
       const size_t n = utf8_sequence(s, i);
       if (n == 0) {
-        throw InvalidArgument(
+        throw_error(
             ErrorCode::kInvalidArgument,
             "string '" + printable(s) + "' is not valid UTF-8 (byte " + std::to_string(i) + ")");
       }

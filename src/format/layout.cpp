@@ -31,9 +31,9 @@ void check_snapshot_name(const std::string& name) {
   if (name.empty() || name == "." || name == ".." || name[0] == '.' ||
       name.find('/') != std::string::npos || name.find('\0') != std::string::npos ||
       name.size() > 200) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument,
-                          "invalid snapshot name '" + name +
-                              "': use a plain directory name that does not start with '.'");
+    throw_error(ErrorCode::kInvalidArgument,
+                "invalid snapshot name '" + name +
+                    "': use a plain directory name that does not start with '.'");
   }
 }
 

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "format/manifest_io.h"
+#include "io/fd.h"
 #include "tsnap/error.h"
 
 namespace tsnap {
@@ -40,48 +41,37 @@ uint64_t Manifest::total_bytes() const {
 Manifest read_manifest(const std::filesystem::path& dir) {
   const std::filesystem::path path = dir / kManifestName;
   const std::string name = path.string();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    const int e = errno;
+  int err = 0;
+  const io::UniqueFd fd = io::open_fd(name, O_RDONLY, 0, &err);
+  if (err < 0) {
+    const int e = -err;
     if (e == ENOENT) {
-      throw Error(ErrorCode::kNotFound, "no manifest: " + name + " does not exist", e);
+      throw_error(ErrorCode::kNotFound, "no manifest: " + name + " does not exist", e);
     }
-    throw IoError(ErrorCode::kIo, "cannot open " + name + ": " + std::strerror(e), e);
+    throw_error(ErrorCode::kIo, "cannot open " + name + ": " + std::strerror(e), e);
   }
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-
   struct stat st {};
-  if (::fstat(fd, &st) != 0) {
+  if (::fstat(fd.get(), &st) != 0) {
     const int e = errno;
-    throw IoError(ErrorCode::kIo, "fstat " + name + " failed: " + std::strerror(e), e);
+    throw_error(ErrorCode::kIo, "fstat " + name + " failed: " + std::strerror(e), e);
   }
   if (!S_ISREG(st.st_mode)) {
-    throw FormatError(ErrorCode::kBadManifest, "" + name + " is not a regular file");
+    throw_error(ErrorCode::kBadManifest, "" + name + " is not a regular file");
   }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size > format::kMaxManifestBytes) {
-    throw FormatError(ErrorCode::kBadManifest, "" + name + " has " + std::to_string(size) +
-                                                   " bytes, more than the cap of " +
-                                                   std::to_string(format::kMaxManifestBytes) +
-                                                   " bytes on manifests");
+    throw_error(ErrorCode::kBadManifest,
+                "" + name + " has " + std::to_string(size) + " bytes, more than the cap of " +
+                    std::to_string(format::kMaxManifestBytes) + " bytes on manifests");
   }
   // A committed manifest never changes; if the file shrank meanwhile, the JSON check fails.
   std::string text(size, '\0');
-  size_t got = 0;
-  while (got < text.size()) {
-    const ssize_t r = ::read(fd, text.data() + got, text.size() - got);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      const int e = errno;
-      throw IoError(ErrorCode::kIo, "read " + name + " failed: " + std::strerror(e), e);
-    }
-    if (r == 0) break;
-    got += static_cast<size_t>(r);
+  const int64_t got = io::read_full(fd.get(), text.data(), text.size(), 0);
+  if (got < 0) {
+    const int e = static_cast<int>(-got);
+    throw_error(ErrorCode::kIo, "read " + name + " failed: " + std::strerror(e), e);
   }
-  text.resize(got);
+  text.resize(static_cast<size_t>(got));
   return format::parse_manifest(text, name);
 }
 

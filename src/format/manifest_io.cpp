@@ -30,7 +30,7 @@ class Checker {
   explicit Checker(const std::string& label) : label_(label) {}
 
   [[noreturn]] void fail(ErrorCode code, const std::string& problem) const {
-    throw FormatError(code, "" + label_ + ": " + problem);
+    throw_error(code, "" + label_ + ": " + problem);
   }
 
   /// `obj[key]`, which must exist and have `type` (an unsigned integer also passes as integer).
@@ -253,9 +253,9 @@ void check_weight_map(const Checker& c, const json& map, const json& jtensors,
 
 json manifest_to_json(const Manifest& m) {
   if (!m.metadata.is_object()) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument,
-                          std::string("manifest metadata must be a JSON object, not ") +
-                              m.metadata.type_name());
+    throw_error(
+        ErrorCode::kInvalidArgument,
+        std::string("manifest metadata must be a JSON object, not ") + m.metadata.type_name());
   }
   json files = json::object();
   for (const auto& f : m.files) {
@@ -266,8 +266,7 @@ json manifest_to_json(const Manifest& m) {
                                                      {"chunk_bytes", f.chunk_bytes},
                                                      {"chunk_hashes", std::move(hashes)}});
     if (!inserted) {
-      throw InvalidArgument(ErrorCode::kInvalidArgument,
-                            "manifest lists file '" + f.name + "' twice");
+      throw_error(ErrorCode::kInvalidArgument, "manifest lists file '" + f.name + "' twice");
     }
   }
   json tensors = json::object();
@@ -282,8 +281,7 @@ json manifest_to_json(const Manifest& m) {
       rec["shard"] = {{"global_shape", t.shard->global_shape}, {"offsets", t.shard->offsets}};
     }
     if (!tensors.emplace(t.name, std::move(rec)).second) {
-      throw InvalidArgument(ErrorCode::kInvalidArgument,
-                            "manifest lists tensor '" + t.name + "' twice");
+      throw_error(ErrorCode::kInvalidArgument, "manifest lists tensor '" + t.name + "' twice");
     }
     weight_map[t.name] = t.file;
   }
@@ -303,7 +301,7 @@ json manifest_to_json(const Manifest& m) {
 
 std::string manifest_to_text(const Manifest& m) {
   if (!m.metadata.is_object()) {
-    throw InvalidArgument(
+    throw_error(
         ErrorCode::kInvalidArgument,
         std::string("manifest metadata must be a JSON object, not ") + m.metadata.type_name());
   }
@@ -315,8 +313,8 @@ std::string manifest_to_text(const Manifest& m) {
   std::sort(files.begin(), files.end(), by_name);
   for (size_t i = 1; i < files.size(); ++i) {
     if (files[i]->name == files[i - 1]->name) {
-      throw InvalidArgument(ErrorCode::kInvalidArgument,
-                            "manifest lists file '" + files[i]->name + "' twice");
+      throw_error(ErrorCode::kInvalidArgument,
+                  "manifest lists file '" + files[i]->name + "' twice");
     }
   }
   std::vector<const TensorRecord*> tensors;
@@ -327,8 +325,8 @@ std::string manifest_to_text(const Manifest& m) {
   }
   for (size_t i = 1; i < tensors.size(); ++i) {
     if (tensors[i]->name == tensors[i - 1]->name) {
-      throw InvalidArgument(ErrorCode::kInvalidArgument,
-                            "manifest lists tensor '" + tensors[i]->name + "' twice");
+      throw_error(ErrorCode::kInvalidArgument,
+                  "manifest lists tensor '" + tensors[i]->name + "' twice");
     }
   }
 

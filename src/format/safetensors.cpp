@@ -14,6 +14,7 @@
 #include "common/shape.h"
 #include "format/dtype.h"
 #include "format/json_writer.h"
+#include "io/fd.h"
 #include "tsnap/error.h"
 
 namespace tsnap::format {
@@ -30,7 +31,7 @@ std::string range_string(uint64_t begin, uint64_t end) {
 }
 
 [[noreturn]] void fail(ErrorCode code, const std::string& file, const std::string& problem) {
-  throw FormatError(code, "" + file + ": " + problem);
+  throw_error(code, "" + file + ": " + problem);
 }
 
 /// Reads one non-negative integer of a header (a dimension or an offset); `what()` names it in
@@ -151,32 +152,18 @@ void check_tiling(const std::string& file, const std::vector<HeaderTensor>& tens
   }
 }
 
-/// Closes a file descriptor on scope exit.
-struct Fd {
-  int fd;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
 /// Reads exactly `n` bytes at `offset`; a file that ends early is kTruncated.
 void read_exact(const std::string& path, int fd, char* buf, size_t n, uint64_t offset) {
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, buf, n, static_cast<off_t>(offset));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      const int e = errno;
-      throw IoError(ErrorCode::kIo,
-                    "pread " + path + " at offset " + std::to_string(offset) +
-                        " failed: " + std::strerror(e),
-                    e);
-    }
-    if (r == 0) {
-      fail(ErrorCode::kTruncated, path, "file ended at offset " + std::to_string(offset));
-    }
-    buf += r;
-    n -= static_cast<size_t>(r);
-    offset += static_cast<uint64_t>(r);
+  const int64_t got = io::read_full(fd, buf, n, offset);
+  if (got < 0) {
+    throw_error(ErrorCode::kIo,
+                "pread " + path + " at offset " + std::to_string(offset) +
+                    " failed: " + std::strerror(static_cast<int>(-got)),
+                static_cast<int>(-got));
+  }
+  if (static_cast<uint64_t>(got) < n) {
+    fail(ErrorCode::kTruncated, path,
+         "file ended at offset " + std::to_string(offset + static_cast<uint64_t>(got)));
   }
 }
 
@@ -189,14 +176,14 @@ std::string build_header(const std::vector<HeaderTensor>& tensors,
   uint64_t expected = 0;
   for (const auto& t : tensors) {
     if (t.name.empty() || t.name == kMetadataKey) {
-      throw InvalidArgument(
+      throw_error(
           ErrorCode::kInvalidArgument,
           "tensor name '" + t.name + "' is empty, reserved or duplicated in a safetensors header");
     }
     dtype_name(t.dtype);  // Throws InvalidArgument for an unsupported dtype.
     const std::optional<uint64_t> nbytes = checked_nbytes(t.dtype, t.shape);
     if (!nbytes || t.begin != expected || t.end < t.begin || t.end - t.begin != *nbytes) {
-      throw Error(ErrorCode::kInternal,
+      throw_error(ErrorCode::kInternal,
                   "build_header: tensor '" + t.name + "' at " + range_string(t.begin, t.end) +
                       " is not laid out contiguously from offset " + std::to_string(expected));
     }
@@ -205,9 +192,9 @@ std::string build_header(const std::vector<HeaderTensor>& tensors,
   }
   std::sort(names.begin(), names.end());
   if (auto dup = std::adjacent_find(names.begin(), names.end()); dup != names.end()) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument,
-                          "tensor name '" + std::string(*dup) +
-                              "' is empty, reserved or duplicated in a safetensors header");
+    throw_error(ErrorCode::kInvalidArgument,
+                "tensor name '" + std::string(*dup) +
+                    "' is empty, reserved or duplicated in a safetensors header");
   }
 
   std::string out(8, '\0');  // The length prefix, filled in below.
@@ -305,26 +292,27 @@ Header parse_header(const std::string& file, std::string_view bytes, uint64_t fi
 
 Header read_header(const std::filesystem::path& path) {
   const std::string name = path.string();
-  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (f.fd < 0) {
-    const int e = errno;
-    throw IoError(e == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo,
-                  "cannot open " + name + ": " + std::strerror(e), e);
+  int err = 0;
+  const io::UniqueFd f = io::open_fd(name, O_RDONLY, 0, &err);
+  if (err < 0) {
+    const int e = -err;
+    throw_error(e == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo,
+                "cannot open " + name + ": " + std::strerror(e), e);
   }
   struct stat st {};
-  if (::fstat(f.fd, &st) != 0) {
+  if (::fstat(f.get(), &st) != 0) {
     const int e = errno;
-    throw IoError(ErrorCode::kIo, "fstat " + name + " failed: " + std::strerror(e), e);
+    throw_error(ErrorCode::kIo, "fstat " + name + " failed: " + std::strerror(e), e);
   }
   if (!S_ISREG(st.st_mode)) {
-    throw IoError(ErrorCode::kIo, "" + name + " is not a regular file");
+    throw_error(ErrorCode::kIo, "" + name + " is not a regular file");
   }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   std::string bytes(std::min<uint64_t>(size, 8), '\0');
-  read_exact(name, f.fd, bytes.data(), bytes.size(), 0);
+  read_exact(name, f.get(), bytes.data(), bytes.size(), 0);
   const uint64_t data_offset = parse_length_prefix(name, bytes, size);
   bytes.resize(data_offset);
-  read_exact(name, f.fd, bytes.data() + 8, data_offset - 8, 8);
+  read_exact(name, f.get(), bytes.data() + 8, data_offset - 8, 8);
   return parse_header(name, bytes, size);
 }
 

@@ -59,7 +59,7 @@ uint64_t parse_length_prefix(const std::string& file, std::string_view prefix, u
 Header parse_header(const std::string& file, std::string_view bytes, uint64_t file_size);
 
 /// Opens `path`, reads and parses its header. Errors: those of parse_header (naming `path`);
-/// Error(kNotFound) when the file is missing; IoError(kIo) when it cannot be read.
+/// IoError(kNotFound) when the file is missing; IoError(kIo) when it cannot be read.
 Header read_header(const std::filesystem::path& path);
 
 }  // namespace tsnap::format

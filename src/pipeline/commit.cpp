@@ -58,7 +58,7 @@ uint64_t commit_directory(io::Engine& engine, const CommitPaths& paths,
   const int rc = engine.rename(paths.temporary, paths.final,
                                replace ? io::RenameMode::kExchange : io::RenameMode::kNoReplace);
   if (rc == -EEXIST || rc == -ENOTEMPTY) {
-    throw Error(ErrorCode::kAlreadyExists,
+    throw_error(ErrorCode::kAlreadyExists,
                 "snapshot " + paths.final + " already exists (pass overwrite to replace it)");
   }
   check(rc, "rename " + paths.temporary + " to " + paths.final);
@@ -70,8 +70,6 @@ uint64_t commit_directory(io::Engine& engine, const CommitPaths& paths,
   return manifest_text.size();
 }
 
-void remove_temporary(const std::string& path) noexcept {
-  (void)detail::remove_tree(path);
-}
+void remove_temporary(const std::string& path) noexcept { (void)detail::remove_tree(path); }
 
 }  // namespace tsnap::pipeline

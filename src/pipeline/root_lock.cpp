@@ -39,20 +39,19 @@ int remove_temporaries(const fs::path& root) {
 }  // namespace
 
 RootLock::RootLock(const fs::path& root) {
-  fd_ = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd_ < 0) detail::throw_sys_error(-errno, "open snapshot root " + root.string());
-  int rc = flock_retry(fd_, LOCK_EX | LOCK_NB);
+  int err = 0;
+  fd_ = io::open_fd(root.string(), O_RDONLY | O_DIRECTORY, 0, &err);
+  if (err < 0) detail::throw_sys_error(err, "open snapshot root " + root.string());
+  int rc = flock_retry(fd_.get(), LOCK_EX | LOCK_NB);
   if (rc == 0) {
     removed_ = remove_temporaries(root);
     // A downgrade is not atomic: another writer may take the exclusive lock in between and
     // clean up, which is harmless, since this one has no temporary yet.
-    rc = flock_retry(fd_, LOCK_SH);
+    rc = flock_retry(fd_.get(), LOCK_SH);
   } else if (rc == -EWOULDBLOCK) {
-    rc = flock_retry(fd_, LOCK_SH);
+    rc = flock_retry(fd_.get(), LOCK_SH);
   }
   locked_ = rc == 0;
 }
-
-RootLock::~RootLock() { ::close(fd_); }
 
 }  // namespace tsnap::pipeline

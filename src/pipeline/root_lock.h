@@ -23,6 +23,8 @@
 #include <filesystem>
 #include <string>
 
+#include "io/fd.h"
+
 namespace tsnap::pipeline {
 
 /// Holds the shared writer lock of a root; see the file comment.
@@ -34,7 +36,6 @@ class RootLock {
   /// stale temporary directory under it. Blocks only while another writer is itself removing
   /// stale temporaries. Errors: IoError naming the root and errno when it cannot be opened.
   explicit RootLock(const std::filesystem::path& root);
-  ~RootLock();
   RootLock(const RootLock&) = delete;
   RootLock& operator=(const RootLock&) = delete;
 
@@ -44,7 +45,7 @@ class RootLock {
   int removed() const { return removed_; }
 
  private:
-  int fd_ = -1;
+  io::UniqueFd fd_;
   bool locked_ = false;
   int removed_ = 0;
 };

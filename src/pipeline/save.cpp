@@ -19,8 +19,8 @@ constexpr uint64_t kMinChunk = 1ull << 20;
 SaveStats save(const std::filesystem::path& path, const StateDict& state,
                const nlohmann::json& metadata, const SaveOptions& options) {
   if (path.filename().empty()) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument,
-                          "snapshot path '" + path.string() + "' has no final name");
+    throw_error(ErrorCode::kInvalidArgument,
+                "snapshot path '" + path.string() + "' has no final name");
   }
   // A pipeline sized for this snapshot: no bigger budget than the data needs.
   SnapshotterOptions so;
@@ -32,10 +32,9 @@ SaveStats save(const std::filesystem::path& path, const StateDict& state,
              format::element_size(plan::stored_dtype(key, entry, options));
   }
   // Small states get small chunks (a few per snapshot, so they still write in parallel).
-  so.chunk_bytes = options.chunk_bytes
-                       ? options.chunk_bytes
-                       : std::clamp<uint64_t>((bytes / 4 + 4095) / 4096 * 4096, kMinChunk,
-                                              so.chunk_bytes);
+  so.chunk_bytes = options.chunk_bytes ? options.chunk_bytes
+                                       : std::clamp<uint64_t>((bytes / 4 + 4095) / 4096 * 4096,
+                                                              kMinChunk, so.chunk_bytes);
   const uint64_t chunks = bytes / so.chunk_bytes + 2;
   so.staging_budget_bytes = std::min(kMaxOneShotBudget, chunks * so.chunk_bytes);
   Snapshotter snap(std::move(so));
@@ -45,6 +44,5 @@ SaveStats save(const std::filesystem::path& path, const StateDict& state,
   h.wait();
   return h.stats();
 }
-
 
 }  // namespace tsnap

@@ -38,7 +38,7 @@ void SaveState::complete(std::exception_ptr e) {
 namespace {
 
 detail::SaveState& state_of(const std::shared_ptr<detail::SaveState>& s) {
-  if (!s) throw InvalidArgument(ErrorCode::kInvalidArgument, "empty SaveHandle");
+  if (!s) throw_error(ErrorCode::kInvalidArgument, "empty SaveHandle");
   return *s;
 }
 

@@ -49,8 +49,8 @@ SaveJob::SaveJob(Resources& res, plan::Plan plan, CommitPaths paths, nlohmann::j
       state_(std::make_shared<detail::SaveState>()) {
   state_->path = paths_.final;
   SaveStats& s = state_->stats;
-  s.engine = res_.engine->name();
-  s.direct = res_.direct;
+  s.engine = res_.host->engine().name();
+  s.direct = res_.host->direct();
   s.files = plan_.files.size();
   s.chunks = plan_.chunks.size();
   s.tensors = plan_.num_tensors;
@@ -62,10 +62,10 @@ SaveJob::SaveJob(Resources& res, plan::Plan plan, CommitPaths paths, nlohmann::j
 }
 
 void SaveJob::open_files() {
-  io::Engine& engine = *res_.engine;
+  io::Engine& engine = res_.host->engine();
   const int rc = engine.mkdir(paths_.temporary);
   if (rc < 0) detail::throw_sys_error(rc, "create temporary directory " + paths_.temporary);
-  const int flags = O_WRONLY | O_CREAT | O_EXCL | (res_.direct ? O_DIRECT : 0);
+  const int flags = O_WRONLY | O_CREAT | O_EXCL | (res_.host->direct() ? O_DIRECT : 0);
   for (const plan::PlannedFile& file : plan_.files) {
     const std::string path = paths_.temporary + "/" + file.name;
     const int fd = engine.open(path, flags, 0644);
@@ -128,7 +128,7 @@ void SaveJob::stage_chunk(size_t index, const std::vector<stage::Sources>& sourc
     throw;  // tbb rethrows it on the staging thread, which fails the job
   }
   uint64_t write_len = len;
-  if (res_.direct && len % kBlock != 0) {
+  if (res_.host->direct() && len % kBlock != 0) {
     // O_DIRECT writes whole blocks: zero the tail; the file is truncated to size at commit.
     write_len = round_up(len);
     std::memset(data + len, 0, write_len - len);
@@ -140,15 +140,14 @@ void SaveJob::stage_chunk(size_t index, const std::vector<stage::Sources>& sourc
   // The chunk is hashed when its write completes, on the engine's thread, while the buffer is
   // still ours: the hash overlaps the I/O instead of lengthening the caller's stall.
   auto self = shared_from_this();
-  res_.engine->write(fds_[ref.file], data, write_len, offset, buf,
-                     [self, buf, ref, offset, len](int rc) {
-                       if (rc == 0) {
-                         self->hashes_[ref.file][ref.chunk] =
-                             format::hash64(self->res_.pool->data(buf), len);
-                       }
-                       self->res_.pool->release(buf);
-                       self->write_done(ref.file, offset, rc);
-                     });
+  res_.host->engine().write(
+      fds_[ref.file], data, write_len, offset, buf, [self, buf, ref, offset, len](int rc) {
+        if (rc == 0) {
+          self->hashes_[ref.file][ref.chunk] = format::hash64(self->res_.pool->data(buf), len);
+        }
+        self->res_.pool->release(buf);
+        self->write_done(ref.file, offset, rc);
+      });
 }
 
 void SaveJob::write_done(uint32_t file, uint64_t offset, int rc) {
@@ -181,12 +180,12 @@ void SaveJob::finish() {
     error = error_;
   }
   uint64_t manifest_bytes = 0;
-  io::Engine& engine = *res_.engine;
+  io::Engine& engine = res_.host->engine();
   // Step 2 of the protocol (commit.cpp): exact sizes, fsync, close every shard.
   for (size_t f = 0; f < fds_.size(); ++f) {
     const std::string path = paths_.temporary + "/" + plan_.files[f].name;
     int rc = 0;
-    if (!error && res_.direct && plan_.files[f].size % kBlock != 0) {
+    if (!error && res_.host->direct() && plan_.files[f].size % kBlock != 0) {
       rc = engine.ftruncate(fds_[f], plan_.files[f].size);
       if (rc < 0) error = detail::sys_error(rc, "truncate " + path);
     }

@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
 #include <condition_variable>
 #include <filesystem>
@@ -15,9 +14,9 @@
 #include "common/sys_error.h"
 #include "format/layout.h"
 #include "pipeline/resources.h"
+#include "pipeline/root_lock.h"
 #include "pipeline/save_job.h"
 #include "plan/plan.h"
-#include "pipeline/root_lock.h"
 #include "tsnap/catalog.h"
 #include "tsnap/error.h"
 
@@ -35,7 +34,6 @@ struct Snapshotter::Impl {
 
   explicit Impl(SnapshotterOptions options);
   ~Impl();
-  void choose_engine();
   void admit();
   void release_slot();
   void completed();
@@ -45,21 +43,21 @@ Snapshotter::Impl::Impl(SnapshotterOptions options) {
   res.options = std::move(options);
   SnapshotterOptions& o = res.options;
   if (o.root.empty()) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument, "SnapshotterOptions::root is empty");
+    throw_error(ErrorCode::kInvalidArgument, "SnapshotterOptions::root is empty");
   }
   if (o.chunk_bytes == 0 || o.chunk_bytes % 4096 != 0) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument,
-                          "chunk_bytes must be a positive multiple of 4096, not " +
-                              std::to_string(o.chunk_bytes));
+    throw_error(
+        ErrorCode::kInvalidArgument,
+        "chunk_bytes must be a positive multiple of 4096, not " + std::to_string(o.chunk_bytes));
   }
   if (o.max_in_flight < 1) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument, "max_in_flight must be >= 1");
+    throw_error(ErrorCode::kInvalidArgument, "max_in_flight must be >= 1");
   }
   std::error_code ec;
   fs::create_directories(o.root, ec);
   if (ec) {
-    throw IoError(ErrorCode::kIo, "cannot create snapshot root " + o.root.string() + ": " +
-                                      ec.message(), ec.value());
+    throw_error(ErrorCode::kIo,
+                "cannot create snapshot root " + o.root.string() + ": " + ec.message(), ec.value());
   }
   root_lock.emplace(o.root);  // removes stale temporaries when no other writer is alive
   const size_t count =
@@ -71,47 +69,16 @@ Snapshotter::Impl::Impl(SnapshotterOptions options) {
   res.arena = std::make_unique<tbb::task_arena>(threads);
   res.blocking =
       std::make_unique<boost::asio::thread_pool>(static_cast<size_t>(o.max_in_flight) + 1);
-  res.work.emplace(res.io.get_executor());
-  res.io_thread = std::thread([this] { res.io.run(); });
-  try {
-    choose_engine();
-  } catch (...) {
-    res.work.reset();
-    res.io.stop();
-    res.io_thread.join();
-    throw;
-  }
-}
-
-void Snapshotter::Impl::choose_engine() {
-  SnapshotterOptions& o = res.options;
-  const std::string root = o.root.string();
-  if (o.engine_override) {
-    res.engine = o.engine_override;
-    res.direct = o.direct_io && io::probe_direct_io(*res.engine, root);
-  } else {
-    std::string why;
-    if (o.engine != EngineKind::kPwrite) {
-      res.engine = io::make_uring_engine(res.io, o.queue_depth, &why);
-      if (!res.engine && o.engine == EngineKind::kUring) {
-        throw Error(ErrorCode::kUnsupported, "io_uring is not available here: " + why);
-      }
-      if (res.engine) {
-        res.direct = o.direct_io && io::probe_direct_io(*res.engine, root);
-        // kAuto: where O_DIRECT is refused (tmpfs), the pwrite engine serves as well.
-        if (!res.direct && o.engine == EngineKind::kAuto && o.direct_io) res.engine.reset();
-      }
-    }
-    if (!res.engine) {
-      res.engine = io::make_pwrite_engine(o.io_threads);
-      res.direct = o.direct_io && io::probe_direct_io(*res.engine, root);
-    }
-  }
+  io::EngineRequest request;
+  request.kind = o.engine;
+  request.queue_depth = o.queue_depth;
+  request.io_threads = o.io_threads;
+  res.host = io::host_for_save(request, o.direct_io, o.root.string());
   std::vector<iovec> iovs;
   for (size_t i = 0; i < res.pool->count(); ++i) {
     iovs.push_back({res.pool->data(static_cast<int>(i)), res.pool->buffer_bytes()});
   }
-  res.engine->register_buffers(iovs);
+  res.host->engine().register_buffers(iovs);
 }
 
 Snapshotter::Impl::~Impl() {
@@ -120,16 +87,14 @@ Snapshotter::Impl::~Impl() {
     cv.wait(lock, [&] { return running == 0; });
   }
   res.blocking->join();
-  res.engine.reset();  // closes the ring on the io thread
-  res.work.reset();
-  res.io_thread.join();
+  res.host.reset();  // after every save: closes the ring, then joins the io thread
 }
 
 void Snapshotter::Impl::admit() {
   std::unique_lock<std::mutex> lock(mu);
   if (in_flight >= res.options.max_in_flight) {
     if (res.options.in_flight == InFlightPolicy::kFailFast) {
-      throw Error(ErrorCode::kBusy, std::to_string(in_flight) +
+      throw_error(ErrorCode::kBusy, std::to_string(in_flight) +
                                         " saves are still in flight (max_in_flight = " +
                                         std::to_string(res.options.max_in_flight) + ")");
     }
@@ -165,39 +130,35 @@ SaveHandle Snapshotter::save_async(const std::string& name, const StateDict& sta
   const auto started = pipeline::SaveJob::Clock::now();
   format::check_snapshot_name(name);
   if (!metadata.is_object() && !metadata.is_null()) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument,
-                          std::string("metadata must be a JSON object, not ") +
-                              metadata.type_name());
+    throw_error(ErrorCode::kInvalidArgument,
+                std::string("metadata must be a JSON object, not ") + metadata.type_name());
   }
   pipeline::Resources& res = impl_->res;
   const uint64_t chunk = options.chunk_bytes ? options.chunk_bytes : res.options.chunk_bytes;
   if (chunk > res.pool->buffer_bytes()) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument,
-                          "chunk_bytes " + std::to_string(chunk) +
-                              " exceeds the Snapshotter's buffer size " +
-                              std::to_string(res.pool->buffer_bytes()));
+    throw_error(ErrorCode::kInvalidArgument, "chunk_bytes " + std::to_string(chunk) +
+                                                 " exceeds the Snapshotter's buffer size " +
+                                                 std::to_string(res.pool->buffer_bytes()));
   }
   const std::string root = res.options.root.string();
   pipeline::CommitPaths paths{root, "", root + "/" + name};
   std::error_code ec;
   if (!options.overwrite && fs::exists(paths.final, ec)) {
-    throw Error(ErrorCode::kAlreadyExists,
+    throw_error(ErrorCode::kAlreadyExists,
                 "snapshot " + paths.final + " already exists (pass overwrite to replace it)");
   }
   const std::string id = format::new_save_id();
   paths.temporary = root + "/" + format::temporary_name(name, id);
-  plan::Plan plan = plan::make_plan(state, options, chunk, id,
-                                    std::max(1, res.options.io_threads));
+  plan::Plan plan = plan::make_plan(state, options, chunk, id, std::max(1, res.options.io_threads));
 
   impl_->admit();
   std::shared_ptr<pipeline::SaveJob> job;
   try {
-    job = std::make_shared<pipeline::SaveJob>(res, std::move(plan), std::move(paths),
-                                              metadata.is_null() ? nlohmann::json::object()
-                                                                 : metadata,
-                                              options.overwrite, started,
-                                              [impl = impl_.get()] { impl->release_slot(); },
-                                              [impl = impl_.get()] { impl->completed(); });
+    job = std::make_shared<pipeline::SaveJob>(
+        res, std::move(plan), std::move(paths),
+        metadata.is_null() ? nlohmann::json::object() : metadata, options.overwrite, started,
+        [impl = impl_.get()] { impl->release_slot(); },
+        [impl = impl_.get()] { impl->completed(); });
     job->open_files();
   } catch (...) {
     impl_->release_slot();
@@ -225,9 +186,7 @@ void Snapshotter::wait_all() {
 
 const fs::path& Snapshotter::root() const { return impl_->res.options.root; }
 
-std::string Snapshotter::engine_name() const {
-  return impl_->res.engine->name() + (impl_->res.direct ? "+O_DIRECT" : "");
-}
+std::string Snapshotter::engine_name() const { return impl_->res.host->name(); }
 
 std::optional<fs::path> Snapshotter::latest() const { return tsnap::latest(root()); }
 

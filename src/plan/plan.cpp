@@ -1,10 +1,10 @@
 #include "plan/plan.h"
 
+#include <c10/util/StringUtil.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
-
-#include <c10/util/StringUtil.h>
 
 #include "common/shape.h"
 #include "format/dtype.h"
@@ -36,12 +36,11 @@ void check_shard(const std::string& key, const at::Tensor& t, const ShardSpec& s
          t.size(static_cast<int64_t>(d)) <= shard.global_shape[d] - shard.offsets[d];
   }
   if (!ok) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument,
-                          "tensor '" + key + "': its shard spec (global shape " +
-                              detail::shape_string(shard.global_shape) + ", offsets " +
-                              detail::shape_string(shard.offsets) +
-                              ") does not contain a piece of shape " +
-                              detail::shape_string(t.sizes()));
+    throw_error(ErrorCode::kInvalidArgument,
+                "tensor '" + key + "': its shard spec (global shape " +
+                    detail::shape_string(shard.global_shape) + ", offsets " +
+                    detail::shape_string(shard.offsets) + ") does not contain a piece of shape " +
+                    detail::shape_string(t.sizes()));
   }
 }
 
@@ -51,16 +50,16 @@ at::ScalarType stored_dtype(const std::string& key, const StateEntry& entry,
                             const SaveOptions& options) {
   const at::ScalarType src = entry.tensor.scalar_type();
   if (!format::is_supported(src)) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument,
-                          "tensor '" + key + "' has dtype " + c10::toString(src) +
-                              ", which format v1 cannot store");
+    throw_error(
+        ErrorCode::kInvalidArgument,
+        "tensor '" + key + "' has dtype " + c10::toString(src) + ", which format v1 cannot store");
   }
   std::optional<at::ScalarType> want = entry.dtype ? entry.dtype : options.dtype;
   if (!want || !format::is_floating(src)) return src;
   if (!format::is_floating(*want)) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument,
-                          "tensor '" + key + "': cannot store a floating tensor as " +
-                              c10::toString(*want) + " (choose f64, f32, f16 or bf16)");
+    throw_error(ErrorCode::kInvalidArgument,
+                "tensor '" + key + "': cannot store a floating tensor as " + c10::toString(*want) +
+                    " (choose f64, f32, f16 or bf16)");
   }
   return *want;
 }
@@ -68,12 +67,11 @@ at::ScalarType stored_dtype(const std::string& key, const StateEntry& entry,
 Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chunk_bytes,
                const std::string& id, int max_auto_shards) {
   if (chunk_bytes == 0 || chunk_bytes % format::kAlignment != 0) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument,
-                          "chunk size " + std::to_string(chunk_bytes) +
-                              " is not a positive multiple of 4096");
+    throw_error(ErrorCode::kInvalidArgument, "chunk size " + std::to_string(chunk_bytes) +
+                                                 " is not a positive multiple of 4096");
   }
   if (options.num_shards < 0) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument, "num_shards must be >= 0");
+    throw_error(ErrorCode::kInvalidArgument, "num_shards must be >= 0");
   }
 
   // Validate and size every tensor.
@@ -89,11 +87,11 @@ Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chun
   for (const auto& [key, entry] : state) {
     const at::Tensor& t = entry.tensor;
     if (!t.defined()) {
-      throw InvalidArgument(ErrorCode::kInvalidArgument, "tensor '" + key + "' is undefined");
+      throw_error(ErrorCode::kInvalidArgument, "tensor '" + key + "' is undefined");
     }
     if (t.layout() != at::kStrided || t.is_quantized()) {
-      throw InvalidArgument(ErrorCode::kInvalidArgument,
-                            "tensor '" + key + "' is sparse or quantized; save it dense");
+      throw_error(ErrorCode::kInvalidArgument,
+                  "tensor '" + key + "' is sparse or quantized; save it dense");
     }
     if (entry.shard) check_shard(key, t, *entry.shard);
     const at::ScalarType dtype = stored_dtype(key, entry, options);
@@ -101,10 +99,10 @@ Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chun
     tensor_bytes += items.back().bytes;
   }
 
-  size_t nfiles = options.num_shards > 0 ? static_cast<size_t>(options.num_shards)
-                                         : static_cast<size_t>(std::clamp<uint64_t>(
-                                               tensor_bytes / kAutoShardBytes + 1, 1,
-                                               std::max(1, max_auto_shards)));
+  size_t nfiles = options.num_shards > 0
+                      ? static_cast<size_t>(options.num_shards)
+                      : static_cast<size_t>(std::clamp<uint64_t>(tensor_bytes / kAutoShardBytes + 1,
+                                                                 1, std::max(1, max_auto_shards)));
   nfiles = std::max<size_t>(1, std::min(nfiles, std::max<size_t>(1, items.size())));
 
   // Greedy balance: largest tensor first, onto the lightest file.

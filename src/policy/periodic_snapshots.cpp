@@ -138,8 +138,7 @@ PeriodicSnapshots::Impl::Impl(Snapshotter& snap, Schedule sched, MakeCheckpoint 
       make_checkpoint(std::move(make)),
       options(std::move(opts)) {
   if (!make_checkpoint) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument,
-                          "PeriodicSnapshots: make_checkpoint is null");
+    throw_error(ErrorCode::kInvalidArgument, "PeriodicSnapshots: make_checkpoint is null");
   }
   try {
     for (int sig : schedule.options().on_signals) {
@@ -148,9 +147,9 @@ PeriodicSnapshots::Impl::Impl(Snapshotter& snap, Schedule sched, MakeCheckpoint 
       boost::system::error_code ec;
       signals.add(sig, ec);
       if (ec) {
-        throw IoError(ErrorCode::kIo,
-                      "cannot handle signal " + std::to_string(sig) + ": " + ec.message(),
-                      ec.value());
+        throw_error(ErrorCode::kIo,
+                    "cannot handle signal " + std::to_string(sig) + ": " + ec.message(),
+                    ec.value());
       }
       previous[sig] = before;
       struct sigaction now {};

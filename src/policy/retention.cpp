@@ -5,9 +5,8 @@
 #include <map>
 #include <system_error>
 
-#include "common/sys_error.h"
 #include "format/layout.h"
-#include "pipeline/commit.h"
+#include "pipeline/remove.h"
 #include "tsnap/catalog.h"
 
 namespace tsnap::policy {
@@ -32,12 +31,9 @@ std::vector<std::string> apply_retention(const fs::path& root, const Schedule& s
     const fs::path& path = committed.at(step);
     const std::string name = path.filename().string();
     if (probe) probe(RetentionPoint::kBeforeRename, path);
-    const fs::path temporary = root / format::temporary_name(name, format::new_save_id());
-    if (::rename(path.c_str(), temporary.c_str()) != 0) {
-      detail::throw_sys_error(-errno, "rename " + path.string() + " to " + temporary.string());
-    }
-    if (probe) probe(RetentionPoint::kRenamed, temporary);
-    pipeline::remove_temporary(temporary.string());
+    const fs::path temporary = pipeline::remove_snapshot(path, [&](const fs::path& renamed) {
+      if (probe) probe(RetentionPoint::kRenamed, renamed);
+    });
     if (probe) probe(RetentionPoint::kRemoved, temporary);
     deleted.push_back(name);
   }

@@ -11,7 +11,7 @@ namespace tsnap {
 namespace {
 
 [[noreturn]] void invalid(const std::string& what) {
-  throw InvalidArgument(ErrorCode::kInvalidArgument, "Schedule: " + what);
+  throw_error(ErrorCode::kInvalidArgument, "Schedule: " + what);
 }
 
 }  // namespace

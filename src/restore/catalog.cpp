@@ -16,7 +16,7 @@ std::vector<Listed> list(const fs::path& root) {
   if (!fs::exists(root, ec)) return out;
   fs::directory_iterator it(root, ec);
   if (ec) {
-    throw IoError(ErrorCode::kIo, "cannot list " + root.string() + ": " + ec.message(), ec.value());
+    throw_error(ErrorCode::kIo, "cannot list " + root.string() + ": " + ec.message(), ec.value());
   }
   std::vector<std::pair<int64_t, Listed>> sorted;
   for (const fs::directory_entry& entry : it) {

@@ -6,12 +6,12 @@
 #include <memory>
 #include <optional>
 
+#include "common/glob.h"
 #include "format/dtype.h"
 #include "restore/read_chunks.h"
 #include "restore/read_plan.h"
 #include "restore/shard_reader.h"
 #include "tsnap/error.h"
-#include "common/glob.h"
 
 namespace tsnap {
 namespace {
@@ -106,19 +106,18 @@ LoadReport load_into(const std::filesystem::path& path, StateDict& dest,
   }
   const std::string where = " (snapshot " + path.string() + "); nothing was written";
   if (!missing.empty()) {
-    throw InvalidArgument(ErrorCode::kKeyNotFound,
-                          std::to_string(missing.size()) +
-                              " destination keys are not in the snapshot: " + join(missing) +
-                              where);
+    throw_error(ErrorCode::kKeyNotFound,
+                std::to_string(missing.size()) +
+                    " destination keys are not in the snapshot: " + join(missing) + where);
   }
   if (!mismatched.empty()) {
-    throw InvalidArgument(ErrorCode::kShapeMismatch,
-                          std::to_string(mismatched.size()) +
-                              " tensors do not fit their destination: " + join(mismatched) + where);
+    throw_error(ErrorCode::kShapeMismatch,
+                std::to_string(mismatched.size()) +
+                    " tensors do not fit their destination: " + join(mismatched) + where);
   }
   if (!unusable.empty()) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument,
-                          "destinations must be contiguous CPU tensors: " + join(unusable) + where);
+    throw_error(ErrorCode::kInvalidArgument,
+                "destinations must be contiguous CPU tensors: " + join(unusable) + where);
   }
 
   LoadReport report;

@@ -6,8 +6,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -21,9 +19,10 @@
 #include <thread>
 
 #include "common/sys_error.h"
-#include "io/engine.h"
-#include "restore/shard_reader.h"
 #include "format/convert.h"
+#include "io/engine_host.h"
+#include "io/fd.h"
+#include "restore/shard_reader.h"
 #include "tsnap/error.h"
 
 namespace tsnap::restore {
@@ -36,63 +35,12 @@ constexpr size_t kMaxNamed = 100;           // names listed in a mid-stream erro
 
 uint64_t align_up(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
-// The engine of one load and, for io_uring, the io thread that reaps its completions.
-// kAuto takes io_uring for O_DIRECT reads and a pread pool for reads through the page cache,
-// whose copies then run on several threads instead of the ring's one.
-class EngineSession {
- public:
-  EngineSession(const LoadOptions& o, bool any_direct, unsigned depth) {
-    if (o.engine_override) {
-      engine_ = o.engine_override;
-      return;
-    }
-    if (o.engine == EngineKind::kUring || (o.engine == EngineKind::kAuto && any_direct)) {
-      work_.emplace(io_.get_executor());
-      thread_ = std::thread([this] { io_.run(); });
-      std::string why;
-      engine_ = io::make_uring_engine(io_, depth, &why);
-      if (!engine_) {
-        stop();
-        if (o.engine == EngineKind::kUring) {
-          throw Error(ErrorCode::kUnsupported, "io_uring is not available here: " + why);
-        }
-      }
-    }
-    if (!engine_) engine_ = io::make_pwrite_engine(o.io_threads);
-  }
-  ~EngineSession() {
-    engine_.reset();  // an io_uring engine closes itself on the io thread
-    stop();
-  }
-  EngineSession(const EngineSession&) = delete;
-  EngineSession& operator=(const EngineSession&) = delete;
-  io::Engine& engine() { return *engine_; }
-
- private:
-  void stop() {
-    if (!thread_.joinable()) return;
-    work_.reset();
-    thread_.join();
-  }
-
-  boost::asio::io_context io_;
-  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
-  std::thread thread_;
-  std::shared_ptr<io::Engine> engine_;
-};
-
 // A shard of the plan: checked against the manifest, and the descriptor its chunks are read
 // from (an extra O_DIRECT one where used).
 struct OpenShard {
   std::unique_ptr<ShardReader> reader;
-  int direct_fd = -1;
-  OpenShard() = default;
-  OpenShard(const OpenShard&) = delete;
-  OpenShard& operator=(const OpenShard&) = delete;
-  ~OpenShard() {
-    if (direct_fd >= 0) ::close(direct_fd);
-  }
-  int fd() const { return direct_fd >= 0 ? direct_fd : reader->fd(); }
+  io::UniqueFd direct;
+  int fd() const { return direct.valid() ? direct.get() : reader->fd(); }
 };
 
 // A finished read: the job (index into plan.chunks), its buffer and the engine's result.
@@ -187,7 +135,7 @@ class Reads {
     const ChunkRead& c = plan_.chunks[job];
     const OpenShard& s = shards_[c.file];
     // O_DIRECT reads whole blocks; the last chunk of a file then simply reads short.
-    const uint64_t len = s.direct_fd >= 0 ? align_up(c.length) : c.length;
+    const uint64_t len = s.direct.valid() ? align_up(c.length) : c.length;
     engine_.read(s.fd(), buffers_.data(buf), len, c.offset, -1, [this, job, buf](int result) {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -317,18 +265,13 @@ std::string written_note(const std::vector<Target>& targets,
   return note;
 }
 
-// Rethrows `e` with `note` appended to its message, keeping its class, code and errno.
+// Rethrows `e` with `note` appended to its message, keeping its code (and so its class) and
+// errno.
 [[noreturn]] void rethrow_with(std::exception_ptr e, const std::string& note) {
   try {
     std::rethrow_exception(e);
-  } catch (const FormatError& x) {
-    throw FormatError(x.code(), x.what() + note, x.sys_errno());
-  } catch (const IoError& x) {
-    throw IoError(x.code(), x.what() + note, x.sys_errno());
-  } catch (const InvalidArgument& x) {
-    throw InvalidArgument(x.code(), x.what() + note, x.sys_errno());
   } catch (const Error& x) {
-    throw Error(x.code(), x.what() + note, x.sys_errno());
+    throw_error(x.code(), x.what() + note, x.sys_errno());
   }
 }
 
@@ -340,7 +283,7 @@ ReadStats read_chunks(const std::filesystem::path& dir, const Manifest& manifest
   ReadStats stats;
   if (plan.chunks.empty()) return stats;
   if (plan.max_chunk_length > kMaxChunk) {
-    throw Error(ErrorCode::kUnsupported, "a chunk of " + std::to_string(plan.max_chunk_length) +
+    throw_error(ErrorCode::kUnsupported, "a chunk of " + std::to_string(plan.max_chunk_length) +
                                              " bytes is larger than the reader's limit of " +
                                              std::to_string(kMaxChunk));
   }
@@ -351,12 +294,11 @@ ReadStats read_chunks(const std::filesystem::path& dir, const Manifest& manifest
   if (options.atomic) {
     count = n;
     if (n * buf_bytes > options.read_budget_bytes) {
-      throw InvalidArgument(ErrorCode::kInvalidArgument,
-                            "an atomic load of these keys stages " + std::to_string(n) +
-                                " chunks (" + std::to_string(n * buf_bytes) +
-                                " bytes), more than read_budget_bytes (" +
-                                std::to_string(options.read_budget_bytes) +
-                                "): raise the budget or select fewer keys");
+      throw_error(ErrorCode::kInvalidArgument,
+                  "an atomic load of these keys stages " + std::to_string(n) + " chunks (" +
+                      std::to_string(n * buf_bytes) + " bytes), more than read_budget_bytes (" +
+                      std::to_string(options.read_budget_bytes) +
+                      "): raise the budget or select fewer keys");
     }
   }
 
@@ -368,18 +310,23 @@ ReadStats read_chunks(const std::filesystem::path& dir, const Manifest& manifest
   bool direct = options.direct_io;
   for (OpenShard& s : shards) {
     if (!direct || s.reader->cached_fraction() >= kMostlyCached) continue;
-    s.direct_fd = ::open(s.reader->path().c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-    if (s.direct_fd < 0 && errno == EINVAL) {
+    int err = 0;
+    s.direct = io::open_fd(s.reader->path(), O_RDONLY | O_DIRECT, 0, &err);
+    if (err == -EINVAL) {
       direct = false;  // the filesystem refuses O_DIRECT (tmpfs): read through the cache
-    } else if (s.direct_fd < 0) {
-      detail::throw_sys_error(-errno, "open " + s.reader->path() + " with O_DIRECT");
+    } else if (err < 0) {
+      detail::throw_sys_error(err, "open " + s.reader->path() + " with O_DIRECT");
     }
   }
   const bool any_direct = std::any_of(shards.begin(), shards.end(),
-                                      [](const OpenShard& s) { return s.direct_fd >= 0; });
-  EngineSession session(options, any_direct, static_cast<unsigned>(std::min<size_t>(count, 128)));
-  io::Engine& engine = session.engine();
-  stats.engine = engine.name() + (any_direct ? "+O_DIRECT" : "");
+                                      [](const OpenShard& s) { return s.direct.valid(); });
+  io::EngineRequest request;
+  request.kind = options.engine;
+  request.queue_depth = static_cast<unsigned>(std::min<size_t>(count, 128));
+  request.io_threads = options.io_threads;
+  const std::unique_ptr<io::EngineHost> host = io::host_for_load(request, any_direct);
+  io::Engine& engine = host->engine();
+  stats.engine = host->name();
 
   const size_t cores = std::max(1u, std::thread::hardware_concurrency());
   if (!any_direct && !options.atomic) {

@@ -31,9 +31,9 @@ struct ReadStats {
 };
 
 /// Reads `plan` (made from `targets` of the manifest of the snapshot in `dir`) into `targets`.
-/// Uses options.verify, atomic, read_budget_bytes, engine, direct_io, io_threads and
-/// engine_override. `in_place`: the targets are the caller's tensors, so a mid-stream error
-/// names those already written. Errors: as tsnap::load_into.
+/// Uses options.verify, atomic, read_budget_bytes, engine, direct_io and io_threads (the engine
+/// comes from io::host_for_load). `in_place`: the targets are the caller's tensors, so a mid-stream
+/// error names those already written. Errors: as tsnap::load_into.
 ReadStats read_chunks(const std::filesystem::path& dir, const Manifest& manifest,
                       const std::vector<Target>& targets, const ReadPlan& plan,
                       const LoadOptions& options, bool in_place);

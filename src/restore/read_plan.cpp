@@ -30,10 +30,10 @@ ReadPlan plan_reads(const Manifest& manifest, const std::vector<Target>& targets
     if (t.begin == t.end) continue;
     const size_t elem = c10::elementSize(t.dtype);
     if (targets[i].dtype != t.dtype && t.begin % elem != 0) {
-      throw FormatError(ErrorCode::kBadOffsets,
-                        "tensor '" + t.name + "' starts at offset " + std::to_string(t.begin) +
-                            " of " + t.file + ", not a multiple of its element size " +
-                            std::to_string(elem) + ", so it cannot be converted chunk by chunk");
+      throw_error(ErrorCode::kBadOffsets,
+                  "tensor '" + t.name + "' starts at offset " + std::to_string(t.begin) + " of " +
+                      t.file + ", not a multiple of its element size " + std::to_string(elem) +
+                      ", so it cannot be converted chunk by chunk");
     }
     auto [it, inserted] = file_index.emplace(t.file, plan.files.size());
     if (inserted) plan.files.push_back(manifest.find_file(t.file));

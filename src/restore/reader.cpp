@@ -92,8 +92,8 @@ bool SnapshotReader::contains(const std::string& key) const { return impl_->inde
 const TensorRecord& SnapshotReader::record(const std::string& key) const {
   const auto it = impl_->index.find(key);
   if (it == impl_->index.end()) {
-    throw InvalidArgument(ErrorCode::kKeyNotFound,
-                          "key '" + key + "' is not in snapshot " + impl_->dir.string());
+    throw_error(ErrorCode::kKeyNotFound,
+                "key '" + key + "' is not in snapshot " + impl_->dir.string());
   }
   return *it->second;
 }
@@ -106,15 +106,15 @@ at::Tensor SnapshotReader::read(const std::string& key) const {
 at::Tensor SnapshotReader::read_rows(const std::string& key, int64_t start, int64_t length) const {
   const TensorRecord& r = record(key);
   if (r.shape.empty()) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument,
-                          "tensor '" + key + "' is 0-d: it has no rows to slice");
+    throw_error(ErrorCode::kInvalidArgument,
+                "tensor '" + key + "' is 0-d: it has no rows to slice");
   }
   const int64_t rows = r.shape[0];
   if (start < 0 || length < 0 || start > rows || length > rows - start) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument,
-                          "rows [" + std::to_string(start) + ", " + std::to_string(start) + " + " +
-                              std::to_string(length) + ") are outside tensor '" + key + "' of " +
-                              std::to_string(rows) + " rows");
+    throw_error(ErrorCode::kInvalidArgument, "rows [" + std::to_string(start) + ", " +
+                                                 std::to_string(start) + " + " +
+                                                 std::to_string(length) + ") are outside tensor '" +
+                                                 key + "' of " + std::to_string(rows) + " rows");
   }
   const uint64_t row_bytes = rows == 0 ? 0 : r.nbytes() / static_cast<uint64_t>(rows);
   std::vector<int64_t> shape = r.shape;

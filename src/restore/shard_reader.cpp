@@ -21,46 +21,38 @@ namespace tsnap::restore {
 ShardReader::ShardReader(const std::filesystem::path& dir, const FileRecord& file,
                          const Manifest& manifest)
     : file_(file), path_((dir / file.name).string()) {
-  fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd_ < 0) {
-    const int e = errno;
+  int err = 0;
+  fd_ = io::open_fd(path_, O_RDONLY, 0, &err);
+  if (err < 0) {
+    const int e = -err;
     if (e == ENOENT) {
-      throw Error(ErrorCode::kNotFound, "shard " + path_ + " is missing", e);
+      throw_error(ErrorCode::kNotFound, "shard " + path_ + " is missing", e);
     }
     detail::throw_sys_error(-e, "open " + path_);
   }
   struct stat st {};
-  if (::fstat(fd_, &st) != 0) {
+  if (::fstat(fd_.get(), &st) != 0) {
     const int e = errno;
-    ::close(fd_);
     detail::throw_sys_error(-e, "stat " + path_);
   }
   if (static_cast<uint64_t>(st.st_size) != file.size) {
-    ::close(fd_);
-    throw FormatError(ErrorCode::kTruncated,
-                      "shard " + path_ + " is " + std::to_string(st.st_size) +
-                          " bytes, the manifest says " + std::to_string(file.size) +
-                          (static_cast<uint64_t>(st.st_size) < file.size ? " (truncated)" : ""));
+    throw_error(ErrorCode::kTruncated,
+                "shard " + path_ + " is " + std::to_string(st.st_size) +
+                    " bytes, the manifest says " + std::to_string(file.size) +
+                    (static_cast<uint64_t>(st.st_size) < file.size ? " (truncated)" : ""));
   }
   // The shard's own header must describe the same tensors as the manifest.
-  format::Header header;
-  try {
-    header = format::read_header(path_);
-  } catch (...) {
-    ::close(fd_);
-    throw;
-  }
+  const format::Header header = format::read_header(path_);
   // Each shard names the save that wrote it: a manifest paired with another snapshot's shards
   // (copied or renamed by hand) is found here, before any chunk hash is computed.
   const auto id = header.metadata.find("tsnap_id");
   if (id == header.metadata.end() || id->second != manifest.id) {
-    ::close(fd_);
-    throw FormatError(ErrorCode::kBadManifest,
-                      "shard " + path_ + " was written by save " +
-                          (id == header.metadata.end() ? std::string("(no tsnap_id)")
-                                                       : "'" + format::printable(id->second) + "'") +
-                          ", but the manifest is of save '" + format::printable(manifest.id) +
-                          "': the files come from different snapshots");
+    throw_error(ErrorCode::kBadManifest,
+                "shard " + path_ + " was written by save " +
+                    (id == header.metadata.end() ? std::string("(no tsnap_id)")
+                                                 : "'" + format::printable(id->second) + "'") +
+                    ", but the manifest is of save '" + format::printable(manifest.id) +
+                    "': the files come from different snapshots");
   }
   std::map<std::string, const format::HeaderTensor*> in_header;
   for (const format::HeaderTensor& t : header.tensors) in_header[t.name] = &t;
@@ -74,20 +66,14 @@ ShardReader::ShardReader(const std::filesystem::path& dir, const FileRecord& fil
                       it->second->begin + header.data_offset == t.begin &&
                       it->second->end + header.data_offset == t.end;
     if (!same) {
-      ::close(fd_);
-      throw FormatError(ErrorCode::kBadManifest, "shard " + path_ + ": header entry of '" + t.name +
-                                                     "' disagrees with the manifest");
+      throw_error(ErrorCode::kBadManifest, "shard " + path_ + ": header entry of '" + t.name +
+                                               "' disagrees with the manifest");
     }
   }
   if (expected != header.tensors.size() || header.data_offset != file.data_offset) {
-    ::close(fd_);
-    throw FormatError(ErrorCode::kBadManifest,
-                      "shard " + path_ + ": header lists other tensors than the manifest");
+    throw_error(ErrorCode::kBadManifest,
+                "shard " + path_ + ": header lists other tensors than the manifest");
   }
-}
-
-ShardReader::~ShardReader() {
-  if (fd_ >= 0) ::close(fd_);
 }
 
 uint64_t ShardReader::chunk_length(uint64_t c) const {
@@ -98,17 +84,11 @@ uint64_t ShardReader::chunk_length(uint64_t c) const {
 uint64_t ShardReader::read_chunk(uint64_t c, uint8_t* buf, bool verify) const {
   const uint64_t begin = c * file_.chunk_bytes;
   const uint64_t len = chunk_length(c);
-  uint64_t got = 0;
-  while (got < len) {
-    const ssize_t n = ::pread(fd_, buf + got, len - got, static_cast<off_t>(begin + got));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      detail::throw_sys_error(-errno,
-                              "read " + path_ + " at offset " + std::to_string(begin + got));
-    }
-    if (n == 0) throw_short_chunk(c, begin + got);
-    got += static_cast<uint64_t>(n);
-  }
+  const int64_t got = io::read_full(fd_.get(), buf, len, begin);
+  if (got < 0)
+    detail::throw_sys_error(static_cast<int>(got),
+                            "read " + path_ + " at offset " + std::to_string(begin));
+  if (static_cast<uint64_t>(got) < len) throw_short_chunk(c, begin + static_cast<uint64_t>(got));
   if (verify && !chunk_ok(c, buf, len)) throw_hash_mismatch(c);
   return len;
 }
@@ -118,24 +98,23 @@ bool ShardReader::chunk_ok(uint64_t c, const uint8_t* buf, uint64_t len) const {
 }
 
 void ShardReader::throw_hash_mismatch(uint64_t c) const {
-  throw FormatError(ErrorCode::kHashMismatch,
-                    "shard " + path_ + ": chunk " + std::to_string(c) + " at offset " +
-                        std::to_string(c * file_.chunk_bytes) + " (" +
-                        std::to_string(chunk_length(c)) +
-                        " bytes) does not match its XXH3-64 hash: the file is corrupt");
+  throw_error(ErrorCode::kHashMismatch,
+              "shard " + path_ + ": chunk " + std::to_string(c) + " at offset " +
+                  std::to_string(c * file_.chunk_bytes) + " (" + std::to_string(chunk_length(c)) +
+                  " bytes) does not match its XXH3-64 hash: the file is corrupt");
 }
 
 void ShardReader::throw_short_chunk(uint64_t c, uint64_t end) const {
-  throw FormatError(ErrorCode::kTruncated, "shard " + path_ + " ends at offset " +
-                                               std::to_string(end) + " inside chunk " +
-                                               std::to_string(c) + "; the manifest says " +
-                                               std::to_string(file_.size) + " bytes (truncated)");
+  throw_error(ErrorCode::kTruncated, "shard " + path_ + " ends at offset " + std::to_string(end) +
+                                         " inside chunk " + std::to_string(c) +
+                                         "; the manifest says " + std::to_string(file_.size) +
+                                         " bytes (truncated)");
 }
 
 double ShardReader::cached_fraction() const {
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   if (file_.size == 0) return 0;
-  void* map = ::mmap(nullptr, file_.size, PROT_READ, MAP_SHARED, fd_, 0);
+  void* map = ::mmap(nullptr, file_.size, PROT_READ, MAP_SHARED, fd_.get(), 0);
   if (map == MAP_FAILED) return 0;
   std::vector<unsigned char> resident((file_.size + page - 1) / page);
   double fraction = 0;

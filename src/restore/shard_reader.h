@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <string>
 
+#include "io/fd.h"
 #include "tsnap/manifest.h"
 
 namespace tsnap::restore {
@@ -16,10 +17,9 @@ class ShardReader {
  public:
   /// Opens `<dir>/<file.name>` (buffered, read-only) and checks its size and its safetensors
   /// header against `file` and the manifest's tensors. `file` must outlive the reader.
-  /// Errors: Error(kNotFound) for a missing file, FormatError(kTruncated) naming the sizes,
+  /// Errors: IoError(kNotFound) for a missing file, FormatError(kTruncated) naming the sizes,
   /// FormatError(kBadManifest) for a header that disagrees with the manifest, IoError.
   ShardReader(const std::filesystem::path& dir, const FileRecord& file, const Manifest& manifest);
-  ~ShardReader();
   ShardReader(const ShardReader&) = delete;
   ShardReader& operator=(const ShardReader&) = delete;
 
@@ -42,12 +42,12 @@ class ShardReader {
   const FileRecord& file() const { return file_; }
   const std::string& path() const { return path_; }
   /// The buffered descriptor (owned; closed by the destructor).
-  int fd() const { return fd_; }
+  int fd() const { return fd_.get(); }
 
  private:
   const FileRecord& file_;
   std::string path_;
-  int fd_ = -1;
+  io::UniqueFd fd_;
 };
 
 }  // namespace tsnap::restore

@@ -13,13 +13,14 @@ namespace tsnap::stage {
 StagingPool::StagingPool(size_t count, size_t buffer_bytes, bool pinned)
     : buffer_bytes_(buffer_bytes) {
   if (count == 0 || buffer_bytes == 0 || buffer_bytes % 4096 != 0) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument,
-                          "staging pool needs at least one buffer of a multiple of 4096 bytes");
+    throw_error(ErrorCode::kInvalidArgument,
+                "staging pool needs at least one buffer of a multiple of 4096 bytes");
   }
   const size_t total = count * buffer_bytes;
   uint8_t* base = nullptr;
   if (pinned && at::hasCUDA()) {
-    auto* dp = new at::DataPtr(at::detail::getCUDAHooks().getPinnedMemoryAllocator()->allocate(total));
+    auto* dp =
+        new at::DataPtr(at::detail::getCUDAHooks().getPinnedMemoryAllocator()->allocate(total));
     base = static_cast<uint8_t*>(dp->get());
     pinned_ctx_ = dp;
     pinned_ = true;
@@ -27,9 +28,10 @@ StagingPool::StagingPool(size_t count, size_t buffer_bytes, bool pinned)
     void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) {
       const int e = errno;
-      throw IoError(ErrorCode::kIo,
-                    "cannot allocate a staging pool of " + std::to_string(total) +
-                        " bytes: " + std::strerror(e), e);
+      throw_error(ErrorCode::kIo,
+                  "cannot allocate a staging pool of " + std::to_string(total) +
+                      " bytes: " + std::strerror(e),
+                  e);
     }
     base = static_cast<uint8_t*>(p);
     // Huge pages where the kernel offers them: faster pre-faulting, fewer TLB misses while

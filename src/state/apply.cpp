@@ -43,7 +43,6 @@ std::string ApplyReport::to_string() const {
 
 namespace detail {
 
-
 bool ApplyPlan::copy(const std::string& key, const StateEntry& entry,
                      const at::Tensor& destination) {
   const at::Tensor& source = entry.tensor;
@@ -91,7 +90,7 @@ ApplyReport ApplyPlan::finish(bool strict, const std::string& what) {
   if (strict && !report_.ok()) {
     const auto code =
         report_.mismatched.empty() ? ErrorCode::kKeyNotFound : ErrorCode::kShapeMismatch;
-    throw InvalidArgument(code, what + " (strict) changed nothing: " + report_.to_string());
+    throw_error(code, what + " (strict) changed nothing: " + report_.to_string());
   }
   at::NoGradGuard no_grad;
   for (auto& [key, action] : actions_) {

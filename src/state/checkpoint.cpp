@@ -19,23 +19,22 @@ void check_names(const Checkpoint::Objects& objects) {
   std::set<std::string> seen;
   for (const auto& [name, object] : objects) {
     if (name.empty() || name.find('/') != std::string::npos || !seen.insert(name).second) {
-      throw InvalidArgument(ErrorCode::kInvalidArgument,
-                            "bad checkpoint object name '" + name +
-                                "' (names are non-empty, unique and have no '/')");
+      throw_error(ErrorCode::kInvalidArgument,
+                  "bad checkpoint object name '" + name +
+                      "' (names are non-empty, unique and have no '/')");
     }
   }
 }
 
 void check_user_metadata(const json& metadata) {
   if (!metadata.is_object()) {
-    throw InvalidArgument(
+    throw_error(
         ErrorCode::kInvalidArgument,
         std::string("checkpoint metadata must be a JSON object, not ") + metadata.type_name());
   }
   if (metadata.contains(kCheckpointInfoKey)) {
-    throw InvalidArgument(
-        ErrorCode::kInvalidArgument,
-        std::string("checkpoint metadata key '") + kCheckpointInfoKey + "' is reserved for tsnap");
+    throw_error(ErrorCode::kInvalidArgument, std::string("checkpoint metadata key '") +
+                                                 kCheckpointInfoKey + "' is reserved for tsnap");
   }
 }
 
@@ -54,9 +53,9 @@ json make_info() {
 
 const OptimizerBinding& checked(const OptimizerBinding& binding, const std::string& name) {
   if (binding.optimizer == nullptr || binding.module == nullptr) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument, "checkpoint object '" + name +
-                                                           "': optimizer binding without optimizer "
-                                                           "or module");
+    throw_error(ErrorCode::kInvalidArgument, "checkpoint object '" + name +
+                                                 "': optimizer binding without optimizer "
+                                                 "or module");
   }
   return binding;
 }
@@ -109,7 +108,7 @@ Checkpoint Checkpoint::of(const Objects& objects, json metadata) {
 
 Checkpoint Checkpoint::from_saved(StateDict state, const json& saved) {
   if (!saved.is_object()) {
-    throw InvalidArgument(
+    throw_error(
         ErrorCode::kInvalidArgument,
         std::string("saved checkpoint metadata must be a JSON object, not ") + saved.type_name());
   }

@@ -6,9 +6,9 @@
 #include <set>
 #include <utility>
 
+#include "common/glob.h"
 #include "state/apply.h"
 #include "tsnap/error.h"
-#include "common/glob.h"
 
 namespace tsnap {
 namespace {
@@ -45,16 +45,16 @@ std::vector<Named> named_tensors(const torch::jit::Module& module) {
 void check_options(const ModelStateOptions& options) {
   if (options.dtype && *options.dtype != at::kFloat && *options.dtype != at::kHalf &&
       *options.dtype != at::kBFloat16 && *options.dtype != at::kDouble) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument,
-                          std::string("model_state: dtype ") + c10::toString(*options.dtype) +
-                              " is not one of Float, Half, BFloat16, Double");
+    throw_error(ErrorCode::kInvalidArgument, std::string("model_state: dtype ") +
+                                                 c10::toString(*options.dtype) +
+                                                 " is not one of Float, Half, BFloat16, Double");
   }
   const ShardOptions& shard = options.shard;
   if (shard.world_size < 1 || shard.rank < 0 || shard.rank >= shard.world_size || shard.dim < 0) {
-    throw InvalidArgument(ErrorCode::kInvalidArgument,
-                          "model_state: bad shard options (rank " + std::to_string(shard.rank) +
-                              ", world_size " + std::to_string(shard.world_size) + ", dim " +
-                              std::to_string(shard.dim) + ")");
+    throw_error(ErrorCode::kInvalidArgument, "model_state: bad shard options (rank " +
+                                                 std::to_string(shard.rank) + ", world_size " +
+                                                 std::to_string(shard.world_size) + ", dim " +
+                                                 std::to_string(shard.dim) + ")");
   }
 }
 

@@ -259,7 +259,7 @@ class KindOf final : public Kind {
     using Target = std::conditional_t<std::is_const_v<S>, const State, State>;
     auto* s = dynamic_cast<Target*>(&state);
     if (s == nullptr) {
-      throw Error(ErrorCode::kInternal, std::string(Traits::kName) +
+      throw_error(ErrorCode::kInternal, std::string(Traits::kName) +
                                             " holds parameter state of another type: " +
                                             c10::demangle(typeid(state).name()));
     }
@@ -277,7 +277,7 @@ const Kind& kind_of(const optim::Optimizer& optimizer) {
        std::initializer_list<const Kind*>{&adam, &adamw, &sgd, &rmsprop, &adagrad}) {
     if (kind->is(optimizer)) return *kind;
   }
-  throw Error(ErrorCode::kUnsupported,
+  throw_error(ErrorCode::kUnsupported,
               "unsupported optimizer: " + c10::demangle(typeid(optimizer).name()) +
                   " (supported: Adam, AdamW, SGD, RMSprop, Adagrad)");
 }
@@ -286,9 +286,7 @@ const Kind& kind_of(const optim::Optimizer& optimizer) {
 using StateMap = std::decay_t<decltype(std::declval<optim::Optimizer&>().state())>;
 using StateKey = StateMap::key_type;
 
-StateKey state_key(const at::Tensor& param) {
-  return compat::optimizer_state_key<StateMap>(param);
-}
+StateKey state_key(const at::Tensor& param) { return compat::optimizer_state_key<StateMap>(param); }
 
 // The module's name of every parameter of every group.
 std::vector<std::vector<std::string>> param_names(const optim::Optimizer& optimizer,
@@ -304,11 +302,10 @@ std::vector<std::vector<std::string>> param_names(const optim::Optimizer& optimi
     for (size_t i = 0; i < params.size(); ++i) {
       auto it = names.find(params[i].unsafeGetTensorImpl());
       if (it == names.end()) {
-        throw InvalidArgument(ErrorCode::kInvalidArgument,
-                              "optimizer parameter " + std::to_string(i) + " of group " +
-                                  std::to_string(g) + " (shape " +
-                                  detail::shape_string(params[i].sizes()) +
-                                  ") is not a parameter of the module");
+        throw_error(ErrorCode::kInvalidArgument, "optimizer parameter " + std::to_string(i) +
+                                                     " of group " + std::to_string(g) + " (shape " +
+                                                     detail::shape_string(params[i].sizes()) +
+                                                     ") is not a parameter of the module");
       }
       groups.back().push_back(it->second);
     }

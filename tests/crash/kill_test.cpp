@@ -21,9 +21,9 @@
 namespace tsnap {
 namespace {
 
-using testing::bitwise_equal;
-using testing::make_tensor;
-using testing::TempDir;
+using test_support::bitwise_equal;
+using test_support::make_tensor;
+using test_support::TempDir;
 
 StateDict state(uint64_t seed) {
   StateDict sd;

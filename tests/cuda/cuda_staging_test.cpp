@@ -17,8 +17,8 @@
 namespace tsnap {
 namespace {
 
-using testing::bitwise_equal;
-using testing::TempDir;
+using test_support::bitwise_equal;
+using test_support::TempDir;
 
 class CudaStaging : public ::testing::Test {
  protected:

@@ -19,7 +19,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-using tsnap::testing::TempDir;
+using tsnap::test_support::TempDir;
 
 constexpr const char* kLabel = "snapshots/step-100/MANIFEST.json";
 constexpr const char* kShard0 = "shard-00000-of-00002.safetensors";
@@ -274,9 +274,9 @@ TEST(Manifest, RejectsMissingOrMistypedFields) {
   expect_rejected([](json& j) { j["world_size"] = 0; }, ErrorCode::kBadManifest, "world_size");
   expect_rejected([](json& j) { j["created_unix_ns"] = 1.5; }, ErrorCode::kBadManifest,
                   "created_unix_ns");
-  for (const char* bad : {"yesterday", "2026-11-29 18:00:00Z", "2026-11-29T18:00:00",
-                          "2026-13-29T18:00:00Z", "2026-11-29T18:00:00.Z",
-                          "2026-11-29T18:00:00.123Zjunk", "1969-12-31T23:59:59Z"}) {
+  for (const char* bad :
+       {"yesterday", "2026-11-29 18:00:00Z", "2026-11-29T18:00:00", "2026-13-29T18:00:00Z",
+        "2026-11-29T18:00:00.Z", "2026-11-29T18:00:00.123Zjunk", "1969-12-31T23:59:59Z"}) {
     SCOPED_TRACE(bad);
     expect_rejected([&](json& j) { j["created"] = bad; }, ErrorCode::kBadManifest,
                     "not an ISO 8601 UTC time");

@@ -24,7 +24,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
-using tsnap::testing::TempDir;
+using tsnap::test_support::TempDir;
 
 constexpr const char* kFile = "shard-00000-of-00001.safetensors";
 
@@ -368,9 +368,9 @@ TEST(SafetensorsHeader, RejectsOffsetsOutsideFile) {
 
 // --- The independent Python reader (tests/format/safetensors_reader.py) ----------------------
 
-using testing::have_python;
-using testing::ReaderRun;
-using testing::run_reference_reader;
+using test_support::have_python;
+using test_support::ReaderRun;
+using test_support::run_reference_reader;
 
 TEST(SafetensorsReferenceReader, AcceptsOurShards) {
   if (!have_python()) GTEST_SKIP() << "python3 is not installed";

@@ -1,12 +1,12 @@
 // One suite, run against every engine (TEST_P): whole-buffer writes and reads at offsets,
 // O_DIRECT, errors as -errno, many requests in flight.
 
+#include "io/engine.h"
+
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -16,9 +16,10 @@
 #include <thread>
 #include <vector>
 
-#include "io/engine.h"
+#include "io/engine_host.h"
 #include "io/fault_engine.h"
 #include "support/test_util.h"
+#include "tsnap/error.h"
 
 namespace tsnap::io {
 namespace {
@@ -26,20 +27,20 @@ namespace {
 class EngineTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    work_.emplace(io_.get_executor());
-    thread_ = std::thread([this] { io_.run(); });
-    if (GetParam() == "io_uring") {
-      std::string why;
-      engine_ = make_uring_engine(io_, 16, &why);
-      if (!engine_) GTEST_SKIP() << "io_uring unavailable: " << why;
-    } else {
-      engine_ = make_pwrite_engine(3);
+    const EngineKind kind = GetParam() == "io_uring" ? EngineKind::kUring : EngineKind::kPwrite;
+    EngineRequest request;
+    request.queue_depth = 16;
+    request.io_threads = 3;
+    try {
+      host_ = host_of(kind, request);
+    } catch (const Error& e) {
+      GTEST_SKIP() << e.what();
     }
+    engine_ = host_->shared_engine();
   }
   void TearDown() override {
     engine_.reset();
-    work_.reset();
-    thread_.join();
+    host_.reset();
   }
 
   int sync_write(int fd, const void* buf, size_t len, uint64_t off) {
@@ -53,11 +54,9 @@ class EngineTest : public ::testing::TestWithParam<std::string> {
     return p.get_future().get();
   }
 
-  boost::asio::io_context io_;
-  std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work_;
-  std::thread thread_;
+  std::unique_ptr<EngineHost> host_;
   std::shared_ptr<Engine> engine_;
-  testing::TempDir dir_;
+  test_support::TempDir dir_;
 };
 
 struct AlignedBuffer {
@@ -110,9 +109,9 @@ TEST_P(EngineTest, ErrorsComeBackAsNegativeErrno) {
   EXPECT_EQ(sync_write(-1, &c, 1, 0), -EBADF);
   EXPECT_EQ(sync_read(-1, &c, 1, 0), -EBADF);
   EXPECT_EQ(engine_->open((dir_ / "missing" / "x").string(), O_RDONLY, 0), -ENOENT);
-  EXPECT_EQ(engine_->rename((dir_ / "nope").string(), (dir_ / "x").string(),
-                            RenameMode::kNoReplace),
-            -ENOENT);
+  EXPECT_EQ(
+      engine_->rename((dir_ / "nope").string(), (dir_ / "x").string(), RenameMode::kNoReplace),
+      -ENOENT);
 }
 
 TEST_P(EngineTest, ManyWritesInFlight) {
@@ -172,7 +171,9 @@ TEST_P(EngineTest, FaultInjectorFailsTheNthCall) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, EngineTest, ::testing::Values("pwrite", "io_uring"),
-                         [](const auto& info) { return info.param == "io_uring" ? "uring" : "pwrite"; });
+                         [](const auto& info) {
+                           return info.param == "io_uring" ? "uring" : "pwrite";
+                         });
 
 }  // namespace
 }  // namespace tsnap::io

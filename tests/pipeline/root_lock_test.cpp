@@ -14,13 +14,14 @@
 #include "format/layout.h"
 #include "pipeline/commit.h"
 #include "policy/policy_test_util.h"
+#include "support/on_engine.h"
 #include "tsnap/load.h"
 
 namespace tsnap {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::TempDir;
+using test_support::TempDir;
 
 // A temporary directory as a crashed save leaves it: a shard file, no manifest.
 fs::path make_temporary(const fs::path& root, const std::string& name) {
@@ -32,11 +33,11 @@ fs::path make_temporary(const fs::path& root, const std::string& name) {
 
 TEST(RootLock, NextWriterAloneRemovesStaleTemporaries) {
   TempDir dir;
-  testing::save_step(dir.path(), "step-00000001", 1, testing::small_state(1));
+  test_support::save_step(dir.path(), "step-00000001", 1, test_support::small_state(1));
   const fs::path stale = make_temporary(dir.path(), "step-00000002");
   fs::create_directory(dir / ".foreign.tmp-not-ours");
   {
-    Snapshotter snap(testing::small_options(dir.path()));
+    Snapshotter snap(test_support::small_options(dir.path()));
     EXPECT_FALSE(fs::exists(stale));
   }
   EXPECT_TRUE(fs::exists(dir / ".foreign.tmp-not-ours"));
@@ -47,33 +48,34 @@ TEST(RootLock, LiveWriterInThisProcessKeepsItsTemporaries) {
   TempDir dir;
   fs::path temporary;
   {
-    Snapshotter owner(testing::small_options(dir.path()));
+    Snapshotter owner(test_support::small_options(dir.path()));
     temporary = make_temporary(dir.path(), "step-00000003");
     {
-      Snapshotter other(testing::small_options(dir.path()));
+      Snapshotter other(test_support::small_options(dir.path()));
       EXPECT_TRUE(fs::exists(temporary));
     }
     EXPECT_TRUE(fs::exists(temporary));
   }
-  Snapshotter next(testing::small_options(dir.path()));
+  Snapshotter next(test_support::small_options(dir.path()));
   EXPECT_FALSE(fs::exists(temporary));
 }
 
 TEST(RootLock, SaveInFlightSurvivesANewWriter) {
   TempDir dir;
-  auto gate = std::make_shared<testing::GateEngine>();
-  Snapshotter owner(testing::small_options(dir.path(), gate));
-  const StateDict sd = testing::small_state(7);
+  auto gate = std::make_shared<test_support::GateEngine>();
+  Snapshotter owner = test_support::on_engine(
+      gate, [&] { return Snapshotter(test_support::small_options(dir.path())); });
+  const StateDict sd = test_support::small_state(7);
   SaveHandle h = owner.save_async("step-00000001", sd);  // its commit waits at the gate
   bool temporary_seen = false;
-  for (const std::string& e : testing::dir_entries(dir.path())) {
+  for (const std::string& e : test_support::dir_entries(dir.path())) {
     temporary_seen |= format::is_temporary(e);
   }
   EXPECT_TRUE(temporary_seen);
-  { Snapshotter other(testing::small_options(dir.path())); }
+  { Snapshotter other(test_support::small_options(dir.path())); }
   gate->open_gate();
   h.wait();
-  EXPECT_TRUE(testing::bitwise_equal(load(dir / "step-00000001").at("w"), sd.at("w")));
+  EXPECT_TRUE(test_support::bitwise_equal(load(dir / "step-00000001").at("w"), sd.at("w")));
 }
 
 TEST(RootLock, LiveWriterInAnotherProcessThenKilled) {

@@ -16,9 +16,9 @@
 namespace tsnap {
 namespace {
 
-using testing::bitwise_equal;
-using testing::make_tensor;
-using testing::TempDir;
+using test_support::bitwise_equal;
+using test_support::make_tensor;
+using test_support::TempDir;
 
 void expect_same(const StateDict& want, const StateDict& got) {
   ASSERT_EQ(want.keys(), got.keys());
@@ -29,7 +29,7 @@ void expect_same(const StateDict& want, const StateDict& got) {
 
 TEST(SaveLoad, EveryDtypeAndAwkwardShapes) {
   TempDir dir;
-  const StateDict sd = testing::mixed_state();
+  const StateDict sd = test_support::mixed_state();
   save(dir / "s", sd, {{"step", 7}, {"note", "hi"}});
   expect_same(sd, load(dir / "s"));
   const Manifest m = read_manifest(dir / "s");
@@ -99,13 +99,13 @@ TEST(SaveLoad, ShardFilesFollowTheSafetensorsLayout) {
 }
 
 TEST(SaveLoad, EveryShardOpensWithAnIndependentSafetensorsReader) {
-  if (!testing::have_python()) GTEST_SKIP() << "python3 is not installed";
+  if (!test_support::have_python()) GTEST_SKIP() << "python3 is not installed";
   TempDir dir;
-  save(dir / "s", testing::mixed_state(), {}, {.dtype = at::kBFloat16, .num_shards = 3});
+  save(dir / "s", test_support::mixed_state(), {}, {.dtype = at::kBFloat16, .num_shards = 3});
   const Manifest m = read_manifest(dir / "s");
   ASSERT_EQ(m.files.size(), 3u);
   for (const FileRecord& f : m.files) {
-    const testing::ReaderRun run = testing::run_reference_reader(dir / "s" / f.name);
+    const test_support::ReaderRun run = test_support::run_reference_reader(dir / "s" / f.name);
     EXPECT_EQ(run.status, 0) << f.name << ":\n" << run.output;
   }
 }
@@ -197,7 +197,7 @@ TEST(SaveLoad, ExistingNameNeedsOverwrite) {
   save(dir / "s", two, {}, {.overwrite = true});
   EXPECT_TRUE(bitwise_equal(load(dir / "s").at("x"), at::full({3}, 2.0)));
   // Only the snapshot remains: the replaced one and the temporary are gone.
-  EXPECT_EQ(testing::dir_entries(dir.path()), std::vector<std::string>{"s"});
+  EXPECT_EQ(test_support::dir_entries(dir.path()), std::vector<std::string>{"s"});
 }
 
 TEST(SaveLoad, BadInputIsRejectedBeforeAnythingIsWritten) {
@@ -208,7 +208,7 @@ TEST(SaveLoad, BadInputIsRejectedBeforeAnythingIsWritten) {
   StateDict complex;
   complex.insert("c", at::ones({2}, at::kComplexFloat));
   EXPECT_THROW(save(dir / "c", complex), InvalidArgument);
-  EXPECT_TRUE(testing::dir_entries(dir.path()).empty());
+  EXPECT_TRUE(test_support::dir_entries(dir.path()).empty());
 }
 
 TEST(Verify, FlippedByteNamesTheChunkAndLoadRefuses) {
@@ -216,7 +216,7 @@ TEST(Verify, FlippedByteNamesTheChunkAndLoadRefuses) {
   StateDict sd{{"w", make_tensor(at::kFloat, {1 << 20}, 1)}};  // 4 MiB: 4 chunks of 1 MiB
   save(dir / "s", sd, {}, {.chunk_bytes = 1 << 20});
   const Manifest m = read_manifest(dir / "s");
-  testing::flip_byte(dir / "s" / m.files[0].name, 4096 + (2 << 20) + 5);
+  test_support::flip_byte(dir / "s" / m.files[0].name, 4096 + (2 << 20) + 5);
   const auto bad = verify(dir / "s");
   ASSERT_EQ(bad.size(), 1u);
   EXPECT_EQ(bad[0].file, m.files[0].name);

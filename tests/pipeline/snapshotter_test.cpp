@@ -1,30 +1,32 @@
 // The asynchronous pipeline: point-in-time exactness (eager and lazy), backpressure, saves in
 // flight, engine fallback, every failure path through the fault injector, buffer reuse.
 
+#include "tsnap/snapshotter.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <condition_variable>
+#include <fstream>
 #include <functional>
 #include <mutex>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "io/fault_engine.h"
 #include "support/gate_engine.h"
+#include "support/on_engine.h"
 #include "support/test_util.h"
 #include "tsnap/catalog.h"
 #include "tsnap/error.h"
 #include "tsnap/load.h"
-#include "tsnap/snapshotter.h"
 
 namespace tsnap {
 namespace {
 
-using testing::bitwise_equal;
-using testing::make_tensor;
-using testing::TempDir;
+using test_support::bitwise_equal;
+using test_support::make_tensor;
+using test_support::TempDir;
 
 StateDict big_state(int n, int64_t elems, uint64_t seed) {
   StateDict sd;
@@ -48,8 +50,7 @@ void expect_equal(const StateDict& want, const StateDict& got) {
 
 TEST(Snapshotter, EagerSaveIsPointInTimeExact) {
   TempDir dir;
-  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 8 << 20,
-                    .chunk_bytes = 1 << 20});
+  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 8 << 20, .chunk_bytes = 1 << 20});
   StateDict sd = big_state(6, 1 << 19, 1);  // 12 MiB > 8 MiB budget
   const StateDict before = clone(sd);
   SaveHandle h = snap.save_async("s", sd, {{"step", 1}});
@@ -62,8 +63,7 @@ TEST(Snapshotter, EagerSaveIsPointInTimeExact) {
 
 TEST(Snapshotter, LazySaveIsExactOnceStaged) {
   TempDir dir;
-  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 4 << 20,
-                    .chunk_bytes = 1 << 20});
+  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 4 << 20, .chunk_bytes = 1 << 20});
   StateDict sd = big_state(4, 1 << 19, 2);
   const StateDict before = clone(sd);
   SaveHandle h = snap.save_async("s", sd, {}, {.staging = Staging::kLazy});
@@ -75,8 +75,10 @@ TEST(Snapshotter, LazySaveIsExactOnceStaged) {
 
 TEST(Snapshotter, BackpressureWithBudgetSmallerThanSnapshot) {
   TempDir dir;
-  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 2 << 20,
-                    .chunk_bytes = 1 << 20, .io_threads = 2});
+  Snapshotter snap({.root = dir.path(),
+                    .staging_budget_bytes = 2 << 20,
+                    .chunk_bytes = 1 << 20,
+                    .io_threads = 2});
   StateDict sd = big_state(3, 3 << 20, 3);  // 36 MiB through a 2 MiB pool
   SaveHandle h = snap.save_async("s", sd, {}, {.num_shards = 2});
   h.wait();
@@ -87,8 +89,10 @@ TEST(Snapshotter, BackpressureWithBudgetSmallerThanSnapshot) {
 
 TEST(Snapshotter, ManySavesInFlight) {
   TempDir dir;
-  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 4 << 20,
-                    .chunk_bytes = 1 << 20, .max_in_flight = 3});
+  Snapshotter snap({.root = dir.path(),
+                    .staging_budget_bytes = 4 << 20,
+                    .chunk_bytes = 1 << 20,
+                    .max_in_flight = 3});
   std::vector<SaveHandle> handles;
   std::vector<StateDict> states;
   for (int i = 0; i < 8; ++i) {
@@ -109,8 +113,10 @@ TEST(Snapshotter, DestructionWaitsForSavesInFlight) {
   StateDict sd = big_state(3, 1 << 20, 21);
   std::vector<SaveHandle> handles;
   {
-    Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 4 << 20,
-                      .chunk_bytes = 1 << 20, .max_in_flight = 3});
+    Snapshotter snap({.root = dir.path(),
+                      .staging_budget_bytes = 4 << 20,
+                      .chunk_bytes = 1 << 20,
+                      .max_in_flight = 3});
     for (int i = 0; i < 3; ++i) handles.push_back(snap.save_async("s" + std::to_string(i), sd));
   }  // returns only once every save has committed or failed
   for (int i = 0; i < 3; ++i) {
@@ -123,10 +129,14 @@ TEST(Snapshotter, DestructionWaitsForSavesInFlight) {
 TEST(Snapshotter, FailFastPolicyRefusesWhenBusy) {
   TempDir dir;
   // The gate holds the first save at its commit (the rename) until opened: no timing involved.
-  auto gate = std::make_shared<testing::GateEngine>();
-  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 2 << 20,
-                    .chunk_bytes = 1 << 20, .max_in_flight = 1,
-                    .in_flight = InFlightPolicy::kFailFast, .engine_override = gate});
+  auto gate = std::make_shared<test_support::GateEngine>();
+  Snapshotter snap = test_support::on_engine(gate, [&] {
+    return Snapshotter({.root = dir.path(),
+                        .staging_budget_bytes = 2 << 20,
+                        .chunk_bytes = 1 << 20,
+                        .max_in_flight = 1,
+                        .in_flight = InFlightPolicy::kFailFast});
+  });
   StateDict sd = big_state(1, 1000, 1);
   SaveHandle h = snap.save_async("a", sd);
   try {
@@ -146,8 +156,12 @@ class AdmissionTest : public ::testing::TestWithParam<InFlightPolicy> {
  protected:
   // One save in flight at most, under the policy of the test.
   SnapshotterOptions options(const TempDir& dir) const {
-    return {.root = dir.path(), .staging_budget_bytes = 1 << 20, .chunk_bytes = 1 << 20,
-            .engine = EngineKind::kPwrite, .max_in_flight = 1, .in_flight = GetParam()};
+    return {.root = dir.path(),
+            .staging_budget_bytes = 1 << 20,
+            .chunk_bytes = 1 << 20,
+            .engine = EngineKind::kPwrite,
+            .max_in_flight = 1,
+            .in_flight = GetParam()};
   }
 };
 
@@ -267,8 +281,7 @@ TEST(Snapshotter, UsesIoUringWithDirectIoWhereAllowed) {
 
 TEST(Snapshotter, PoolIsReusedAcrossSaves) {
   TempDir dir;
-  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 4 << 20,
-                    .chunk_bytes = 1 << 20});
+  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 4 << 20, .chunk_bytes = 1 << 20});
   StateDict sd = big_state(2, 1 << 20, 6);
   snap.save_async("a", sd).wait();
   SaveHandle h = snap.save_async("b", sd);
@@ -308,8 +321,9 @@ TEST_P(SaveFaultTest, FailedSaveLeavesEarlierSnapshotsIntact) {
     plain.save_async("good", good).wait();
     plain.save_async("victim", good).wait();
   }
-  Snapshotter snap({.root = dir.path(), .chunk_bytes = 1 << 20, .direct_io = false,
-                    .engine_override = faulty});
+  Snapshotter snap = test_support::on_engine(faulty, [&] {
+    return Snapshotter({.root = dir.path(), .chunk_bytes = 1 << 20, .direct_io = false});
+  });
   StateDict next = big_state(2, 300000, 8);
   bool threw = false;
   try {
@@ -328,7 +342,7 @@ TEST_P(SaveFaultTest, FailedSaveLeavesEarlierSnapshotsIntact) {
   EXPECT_TRUE(threw) << fc.name;
   expect_equal(good, load(dir / "good"));
   if (threw_overwrite) expect_equal(good, load(dir / "victim"));
-  for (const std::string& e : testing::dir_entries(dir.path())) {
+  for (const std::string& e : test_support::dir_entries(dir.path())) {
     EXPECT_TRUE(e == "good" || e == "victim" || (e == "new" && !threw)) << "left behind: " << e;
   }
 }
@@ -360,7 +374,7 @@ TEST(Snapshotter, ThrowingCopyFailsTheHandle) {
     failed = true;
   }
   EXPECT_TRUE(failed);
-  EXPECT_TRUE(testing::dir_entries(dir.path()).empty());
+  EXPECT_TRUE(test_support::dir_entries(dir.path()).empty());
 }
 
 }  // namespace

@@ -13,9 +13,10 @@
 
 #include "format/layout.h"
 #include "pipeline/commit.h"
-#include "policy/retention.h"
 #include "pipeline/root_lock.h"
+#include "policy/retention.h"
 #include "policy_test_util.h"
+#include "support/on_engine.h"
 #include "tsnap/catalog.h"
 #include "tsnap/error.h"
 #include "tsnap/load.h"
@@ -25,12 +26,12 @@ namespace tsnap {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::bitwise_equal;
-using testing::TempDir;
+using test_support::bitwise_equal;
+using test_support::TempDir;
 
 std::vector<std::string> snapshot_names(const fs::path& root) {
   std::vector<std::string> out;
-  for (const std::string& e : testing::dir_entries(root)) {
+  for (const std::string& e : test_support::dir_entries(root)) {
     if (e[0] != '.') out.push_back(e);
   }
   return out;
@@ -42,11 +43,11 @@ StateDict state_at(const fs::path& snapshot) {
 
 TEST(PeriodicSnapshots, SavesEveryNStepsWithStepMetadata) {
   TempDir dir;
-  Snapshotter snap(testing::small_options(dir.path()));
-  StateDict sd = testing::small_state(1);
-  testing::LogLines log;
+  Snapshotter snap(test_support::small_options(dir.path()));
+  StateDict sd = test_support::small_state(1);
+  test_support::LogLines log;
   PeriodicSnapshots hook(snap, Schedule({.every_steps = 3}),
-                         [&] { return testing::checkpoint_of(sd); },
+                         [&] { return test_support::checkpoint_of(sd); },
                          {.when_busy = WhenBusy::kWait, .log = log.sink()});
   for (int64_t step = 1; step <= 10; ++step) {
     sd.at("w").fill_(static_cast<float>(step));
@@ -76,11 +77,11 @@ TEST(PeriodicSnapshots, SavesEveryNStepsWithStepMetadata) {
 
 TEST(PeriodicSnapshots, SavesByTimeAtAStepBoundary) {
   TempDir dir;
-  Snapshotter snap(testing::small_options(dir.path()));
-  const StateDict sd = testing::small_state(2);
+  Snapshotter snap(test_support::small_options(dir.path()));
+  const StateDict sd = test_support::small_state(2);
   const auto started = std::chrono::steady_clock::now();
   PeriodicSnapshots hook(snap, Schedule({.every_seconds = 1.0}),
-                         [&] { return testing::checkpoint_of(sd); }, {.log = nullptr});
+                         [&] { return test_support::checkpoint_of(sd); }, {.log = nullptr});
   std::vector<double> at_step{0};  // seconds since the start at each after_step
   // Steps go on until the timer's flag turns a boundary into a snapshot.
   while (hook.stats().snapshots.empty() && at_step.size() < 1000) {
@@ -101,12 +102,13 @@ TEST(PeriodicSnapshots, SavesByTimeAtAStepBoundary) {
 
 TEST(PeriodicSnapshots, SkipsWhileThePreviousIsWriting) {
   TempDir dir;
-  auto gate = std::make_shared<testing::GateEngine>();
-  Snapshotter snap(testing::small_options(dir.path(), gate));
-  const StateDict sd = testing::small_state(3);
-  testing::LogLines log;
+  auto gate = std::make_shared<test_support::GateEngine>();
+  Snapshotter snap = test_support::on_engine(
+      gate, [&] { return Snapshotter(test_support::small_options(dir.path())); });
+  const StateDict sd = test_support::small_state(3);
+  test_support::LogLines log;
   PeriodicSnapshots hook(snap, Schedule({.every_steps = 1}),
-                         [&] { return testing::checkpoint_of(sd); }, {.log = log.sink()});
+                         [&] { return test_support::checkpoint_of(sd); }, {.log = log.sink()});
   hook.after_step(1);  // its commit waits at the gate
   hook.after_step(2);  // returns at once: skipped
   hook.after_step(3);
@@ -125,11 +127,12 @@ TEST(PeriodicSnapshots, SkipsWhileThePreviousIsWriting) {
 
 TEST(PeriodicSnapshots, WaitPolicyWaitsForThePreviousCommit) {
   TempDir dir;
-  auto gate = std::make_shared<testing::GateEngine>();
-  Snapshotter snap(testing::small_options(dir.path(), gate));
-  StateDict sd = testing::small_state(4);
+  auto gate = std::make_shared<test_support::GateEngine>();
+  Snapshotter snap = test_support::on_engine(
+      gate, [&] { return Snapshotter(test_support::small_options(dir.path())); });
+  StateDict sd = test_support::small_state(4);
   PeriodicSnapshots hook(snap, Schedule({.every_steps = 1}),
-                         [&] { return testing::checkpoint_of(sd); },
+                         [&] { return test_support::checkpoint_of(sd); },
                          {.when_busy = WhenBusy::kWait, .log = nullptr});
   hook.after_step(1);
   std::atomic<bool> opened{false};
@@ -151,12 +154,12 @@ TEST(PeriodicSnapshots, WaitPolicyWaitsForThePreviousCommit) {
 
 TEST(PeriodicSnapshots, LazyStagingIsExactAfterBeforeOptimizerStep) {
   TempDir dir;
-  Snapshotter snap(testing::small_options(dir.path()));
+  Snapshotter snap(test_support::small_options(dir.path()));
   StateDict sd;
-  sd.insert("w", testing::make_tensor(at::kFloat, {1 << 20}, 5));  // 4 MiB: several chunks
+  sd.insert("w", test_support::make_tensor(at::kFloat, {1 << 20}, 5));  // 4 MiB: several chunks
   const at::Tensor before = sd.at("w").clone();
   PeriodicSnapshots hook(snap, Schedule({.every_steps = 1}),
-                         [&] { return testing::checkpoint_of(sd); },
+                         [&] { return test_support::checkpoint_of(sd); },
                          {.save = {.staging = Staging::kLazy}, .log = nullptr});
   hook.after_step(1);
   hook.before_optimizer_step();
@@ -167,10 +170,10 @@ TEST(PeriodicSnapshots, LazyStagingIsExactAfterBeforeOptimizerStep) {
 
 TEST(PeriodicSnapshots, ResumeReturnsZeroWhenThereIsNothing) {
   TempDir dir;
-  Snapshotter snap(testing::small_options(dir.path()));
-  const StateDict sd = testing::small_state(6);
+  Snapshotter snap(test_support::small_options(dir.path()));
+  const StateDict sd = test_support::small_state(6);
   PeriodicSnapshots hook(snap, Schedule({.every_steps = 1}),
-                         [&] { return testing::checkpoint_of(sd); }, {.log = nullptr});
+                         [&] { return test_support::checkpoint_of(sd); }, {.log = nullptr});
   bool applied = false;
   EXPECT_EQ(hook.resume([&](Checkpoint&) { applied = true; }), 0);
   EXPECT_FALSE(applied);
@@ -181,29 +184,30 @@ TEST(PeriodicSnapshots, ResumeReturnsZeroWhenThereIsNothing) {
 TEST(PeriodicSnapshots, ResumeSkipsCorruptAndTemporarySnapshots) {
   TempDir dir;
   for (int64_t step : {10, 20, 30}) {
-    testing::save_step(dir.path(), format::step_name(step), step, testing::small_state(step));
+    test_support::save_step(dir.path(), format::step_name(step), step,
+                            test_support::small_state(step));
   }
   const fs::path bad_hash = dir / format::step_name(30);
   for (const auto& e : fs::directory_iterator(bad_hash)) {
-    if (e.path().extension() == ".safetensors") testing::flip_byte(e.path(), 4096 + 17);
+    if (e.path().extension() == ".safetensors") test_support::flip_byte(e.path(), 4096 + 17);
   }
   fs::create_directory(dir / format::step_name(40));  // no manifest
   std::ofstream(dir / format::step_name(40) / "MANIFEST.json") << "{ truncated";
-  Snapshotter snap(testing::small_options(dir.path()));
+  Snapshotter snap(test_support::small_options(dir.path()));
   // A temporary that holds a complete copy of a newer snapshot: still never read. (Made after the
   // Snapshotter started, so it belongs to a live writer and is not removed.)
   const fs::path temporary =
       dir / format::temporary_name(format::step_name(50), format::new_save_id());
   fs::copy(dir / format::step_name(20), temporary);
 
-  StateDict sd = testing::small_state(999);
-  testing::LogLines log;
+  StateDict sd = test_support::small_state(999);
+  test_support::LogLines log;
   PeriodicSnapshots hook(snap, Schedule({.every_steps = 10}),
-                         [&] { return testing::checkpoint_of(sd); },
+                         [&] { return test_support::checkpoint_of(sd); },
                          {.when_busy = WhenBusy::kWait, .log = log.sink()});
   const int64_t step = hook.resume([&](Checkpoint& c) { c.apply({{"state", sd}}); });
   EXPECT_EQ(step, 20);
-  EXPECT_TRUE(bitwise_equal(sd.at("w"), testing::small_state(20).at("w")));
+  EXPECT_TRUE(bitwise_equal(sd.at("w"), test_support::small_state(20).at("w")));
   EXPECT_EQ(log.count("resumed from step-00000020 (step 20)"), 1);
   EXPECT_EQ(log.count("resume skips step-00000030"), 1);
   EXPECT_EQ(log.count("resume skips step-00000040"), 1);
@@ -218,10 +222,10 @@ TEST(PeriodicSnapshots, ResumeSkipsCorruptAndTemporarySnapshots) {
 
 TEST(PeriodicSnapshots, RetentionThroughTheHook) {
   TempDir dir;
-  Snapshotter snap(testing::small_options(dir.path()));
-  const StateDict sd = testing::small_state(8);
+  Snapshotter snap(test_support::small_options(dir.path()));
+  const StateDict sd = test_support::small_state(8);
   PeriodicSnapshots hook(snap, Schedule({.every_steps = 1, .keep_last = 2, .keep_every_steps = 4}),
-                         [&] { return testing::checkpoint_of(sd); },
+                         [&] { return test_support::checkpoint_of(sd); },
                          {.when_busy = WhenBusy::kWait, .log = nullptr});
   for (int64_t step = 1; step <= 10; ++step) hook.after_step(step);
   const PeriodicStats stats = hook.finish();
@@ -236,7 +240,7 @@ TEST(PeriodicSnapshots, RetentionThroughTheHook) {
 
 TEST(PeriodicSnapshots, RejectsNullCheckpointFunction) {
   TempDir dir;
-  Snapshotter snap(testing::small_options(dir.path()));
+  Snapshotter snap(test_support::small_options(dir.path()));
   EXPECT_THROW(PeriodicSnapshots(snap, Schedule({.every_steps = 1}), nullptr), InvalidArgument);
 }
 

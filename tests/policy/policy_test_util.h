@@ -17,7 +17,7 @@
 #include "tsnap/periodic_snapshots.h"
 #include "tsnap/snapshotter.h"
 
-namespace tsnap::testing {
+namespace tsnap::test_support {
 
 /// Two float tensors with deterministic values.
 inline StateDict small_state(uint64_t seed) {
@@ -41,13 +41,11 @@ inline void save_step(const std::filesystem::path& root, const std::string& name
 }
 
 /// Snapshotter options for small test snapshots under `root`.
-inline SnapshotterOptions small_options(const std::filesystem::path& root,
-                                        std::shared_ptr<io::Engine> engine = nullptr) {
+inline SnapshotterOptions small_options(const std::filesystem::path& root) {
   SnapshotterOptions o;
   o.root = root;
   o.staging_budget_bytes = 4 << 20;
   o.chunk_bytes = 1 << 20;
-  o.engine_override = std::move(engine);
   return o;
 }
 
@@ -76,4 +74,4 @@ class LogLines {
   std::vector<std::string> lines_;
 };
 
-}  // namespace tsnap::testing
+}  // namespace tsnap::test_support

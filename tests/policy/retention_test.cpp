@@ -11,6 +11,7 @@
 #include "format/layout.h"
 #include "pipeline/root_lock.h"
 #include "policy_test_util.h"
+#include "support/on_engine.h"
 #include "tsnap/catalog.h"
 #include "tsnap/error.h"
 #include "tsnap/load.h"
@@ -20,13 +21,13 @@ namespace {
 
 namespace fs = std::filesystem;
 using policy::RetentionPoint;
-using testing::TempDir;
+using test_support::TempDir;
 
 struct SimulatedCrash {};
 
 std::vector<std::string> snapshot_names(const fs::path& root) {
   std::vector<std::string> out;
-  for (const std::string& e : testing::dir_entries(root)) {
+  for (const std::string& e : test_support::dir_entries(root)) {
     if (e[0] != '.') out.push_back(e);
   }
   return out;
@@ -35,10 +36,12 @@ std::vector<std::string> snapshot_names(const fs::path& root) {
 TEST(Retention, DeletesExpiredPeriodicSnapshotsOnly) {
   TempDir dir;
   for (int64_t step : {1, 2, 3, 4, 5, 6, 9}) {
-    testing::save_step(dir.path(), format::step_name(step), step, testing::small_state(1));
+    test_support::save_step(dir.path(), format::step_name(step), step,
+                            test_support::small_state(1));
   }
-  testing::save_step(dir.path(), "manual", 2, testing::small_state(1));  // not a periodic name
-  fs::create_directory(dir / "step-00000000");                           // not committed
+  test_support::save_step(dir.path(), "manual", 2,
+                          test_support::small_state(1));  // not a periodic name
+  fs::create_directory(dir / "step-00000000");            // not committed
   const Schedule s({.keep_last = 2, .keep_every_steps = 3});
   // Step 9 is newer than the snapshot just committed (6): an abandoned run's, left alone.
   const std::vector<std::string> deleted = policy::apply_retention(dir.path(), s, 6);
@@ -46,7 +49,7 @@ TEST(Retention, DeletesExpiredPeriodicSnapshotsOnly) {
   EXPECT_EQ(snapshot_names(dir.path()),
             (std::vector<std::string>{"manual", "step-00000000", "step-00000003", "step-00000005",
                                       "step-00000006", "step-00000009"}));
-  for (const std::string& e : testing::dir_entries(dir.path())) EXPECT_NE(e[0], '.') << e;
+  for (const std::string& e : test_support::dir_entries(dir.path())) EXPECT_NE(e[0], '.') << e;
 }
 
 // Every point of the sequence (3 victims x 3 points), with the crash simulated by a probe that
@@ -55,15 +58,15 @@ TEST(Retention, DeletesExpiredPeriodicSnapshotsOnly) {
 TEST(Retention, CrashAtEveryPointLeavesTheNewestSnapshotComplete) {
   const int kVictims = 3;
   const int kPoints = 3 * kVictims;
-  const StateDict newest = testing::small_state(40);
+  const StateDict newest = test_support::small_state(40);
   for (int crash_at = 1; crash_at <= kPoints; ++crash_at) {
     SCOPED_TRACE("crash at probe call " + std::to_string(crash_at));
     TempDir dir;
     for (int64_t step = 1; step <= 3; ++step) {
-      testing::save_step(dir.path(), format::step_name(step), step,
-                         testing::small_state(10 * step));
+      test_support::save_step(dir.path(), format::step_name(step), step,
+                              test_support::small_state(10 * step));
     }
-    testing::save_step(dir.path(), format::step_name(4), 4, newest);
+    test_support::save_step(dir.path(), format::step_name(4), 4, newest);
     int calls = 0;
     const auto probe = [&](RetentionPoint point, const fs::path& path) {
       if (++calls < crash_at) return;
@@ -85,11 +88,11 @@ TEST(Retention, CrashAtEveryPointLeavesTheNewestSnapshotComplete) {
     EXPECT_GE(complete, 1);
     ASSERT_EQ(latest(dir.path()), dir / "step-00000004");
     const StateDict loaded = load_checkpoint(dir / "step-00000004").object_state("state");
-    EXPECT_TRUE(testing::bitwise_equal(loaded.at("w"), newest.at("w")));
+    EXPECT_TRUE(test_support::bitwise_equal(loaded.at("w"), newest.at("w")));
 
     // The next writer removes the leftover temporary; retention then finishes the job.
     { pipeline::RootLock next(dir.path()); }
-    for (const std::string& e : testing::dir_entries(dir.path())) EXPECT_NE(e[0], '.') << e;
+    for (const std::string& e : test_support::dir_entries(dir.path())) EXPECT_NE(e[0], '.') << e;
     policy::apply_retention(dir.path(), Schedule({.keep_last = 1}), 4);
     EXPECT_EQ(snapshot_names(dir.path()), std::vector<std::string>{"step-00000004"});
   }
@@ -99,12 +102,12 @@ TEST(Retention, NeverRunsBeforeTheNewSnapshotCommits) {
   // The hook applies retention only after a commit: a save that fails at its rename leaves
   // every older snapshot in place.
   TempDir dir;
-  StateDict sd = testing::small_state(1);
+  StateDict sd = test_support::small_state(1);
   {
-    testing::LogLines log;
-    Snapshotter snap(testing::small_options(dir.path()));
+    test_support::LogLines log;
+    Snapshotter snap(test_support::small_options(dir.path()));
     PeriodicSnapshots hook(snap, Schedule({.every_steps = 1, .keep_last = 1}),
-                           [&] { return testing::checkpoint_of(sd); },
+                           [&] { return test_support::checkpoint_of(sd); },
                            {.when_busy = WhenBusy::kWait, .log = log.sink()});
     hook.after_step(1);
     hook.after_step(2);
@@ -115,11 +118,12 @@ TEST(Retention, NeverRunsBeforeTheNewSnapshotCommits) {
     using ForwardingEngine::ForwardingEngine;
     int rename(const std::string&, const std::string&, io::RenameMode) override { return -EIO; }
   };
-  Snapshotter snap(
-      testing::small_options(dir.path(), std::make_shared<FailRename>(io::make_pwrite_engine(2))));
-  testing::LogLines log;
+  Snapshotter snap =
+      test_support::on_engine(std::make_shared<FailRename>(io::make_pwrite_engine(2)),
+                              [&] { return Snapshotter(test_support::small_options(dir.path())); });
+  test_support::LogLines log;
   PeriodicSnapshots hook(snap, Schedule({.every_steps = 1, .keep_last = 1}),
-                         [&] { return testing::checkpoint_of(sd); }, {.log = log.sink()});
+                         [&] { return test_support::checkpoint_of(sd); }, {.log = log.sink()});
   hook.after_step(3);
   EXPECT_THROW(hook.finish(), IoError);
   EXPECT_EQ(hook.stats().failed, 1);

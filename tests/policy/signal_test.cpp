@@ -12,6 +12,7 @@
 #include "format/layout.h"
 #include "policy/retention.h"
 #include "policy_test_util.h"
+#include "support/on_engine.h"
 #include "tsnap/load.h"
 #include "tsnap/periodic_snapshots.h"
 
@@ -19,7 +20,7 @@ namespace tsnap {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::TempDir;
+using test_support::TempDir;
 
 volatile sig_atomic_t g_plain_calls = 0;
 volatile sig_atomic_t g_info_signo = 0;
@@ -57,22 +58,23 @@ class SignalTest : public ::testing::Test {
   }
   struct sigaction saved_[NSIG] {};
   TempDir dir_;
-  StateDict state_ = testing::small_state(11);
+  StateDict state_ = test_support::small_state(11);
   PeriodicSnapshots make_hook(Snapshotter& snap, std::vector<int> signals) {
     return PeriodicSnapshots(snap, Schedule({.every_steps = 1000, .on_signals = signals}),
-                             [this] { return testing::checkpoint_of(state_); },
+                             [this] { return test_support::checkpoint_of(state_); },
                              {.log = log_.sink()});
   }
-  testing::LogLines log_;
+  test_support::LogLines log_;
 };
 
 TEST_F(SignalTest, FinalSnapshotCommitsThenStop) {
   struct sigaction dfl {};
   dfl.sa_handler = SIG_DFL;
   ::sigaction(SIGUSR2, &dfl, nullptr);  // default action: terminate, replaced by the hook
-  Snapshotter snap(testing::small_options(dir_.path()));
+  Snapshotter snap(test_support::small_options(dir_.path()));
   PeriodicSnapshots hook(snap, Schedule({.every_steps = 1000, .on_signals = {SIGUSR2}}),
-                         [this] { return testing::checkpoint_of(state_); }, {.log = log_.sink()});
+                         [this] { return test_support::checkpoint_of(state_); },
+                         {.log = log_.sink()});
   hook.after_step(1);
   hook.after_step(2);
   EXPECT_FALSE(hook.stop_requested());
@@ -99,7 +101,7 @@ TEST_F(SignalTest, ChainsAPlainHandlerAndRestoresIt) {
   ::sigaction(SIGUSR1, &plain, nullptr);
   g_plain_calls = 0;
   {
-    Snapshotter snap(testing::small_options(dir_.path()));
+    Snapshotter snap(test_support::small_options(dir_.path()));
     PeriodicSnapshots hook = make_hook(snap, {SIGUSR1});
     EXPECT_NE(action_of(SIGUSR1).sa_handler, plain_handler);
     ::raise(SIGUSR1);
@@ -120,7 +122,7 @@ TEST_F(SignalTest, ChainsASiginfoHandler) {
   g_info_calls = 0;
   g_info_signo = 0;
   {
-    Snapshotter snap(testing::small_options(dir_.path()));
+    Snapshotter snap(test_support::small_options(dir_.path()));
     PeriodicSnapshots hook = make_hook(snap, {SIGUSR1, SIGUSR2});
     ::raise(SIGUSR1);
     ASSERT_GE(run_until_stopped(hook, 1), 1);
@@ -139,7 +141,7 @@ TEST_F(SignalTest, IgnoredSignalIsRestoredAsIgnored) {
   ign.sa_handler = SIG_IGN;
   ::sigaction(SIGUSR1, &ign, nullptr);
   {
-    Snapshotter snap(testing::small_options(dir_.path()));
+    Snapshotter snap(test_support::small_options(dir_.path()));
     PeriodicSnapshots hook = make_hook(snap, {SIGUSR1});
     ::raise(SIGUSR1);  // the schedule asked for it: it stops training even so
     ASSERT_GE(run_until_stopped(hook, 1), 1);
@@ -149,10 +151,11 @@ TEST_F(SignalTest, IgnoredSignalIsRestoredAsIgnored) {
 }
 
 TEST_F(SignalTest, FinalSnapshotWaitsForTheSaveInFlight) {
-  auto gate = std::make_shared<testing::GateEngine>();
-  Snapshotter snap(testing::small_options(dir_.path(), gate));
+  auto gate = std::make_shared<test_support::GateEngine>();
+  Snapshotter snap = test_support::on_engine(
+      gate, [&] { return Snapshotter(test_support::small_options(dir_.path())); });
   PeriodicSnapshots hook(snap, Schedule({.every_steps = 5, .on_signals = {SIGUSR1}}),
-                         [this] { return testing::checkpoint_of(state_); }, {.log = nullptr});
+                         [this] { return test_support::checkpoint_of(state_); }, {.log = nullptr});
   for (int64_t step = 1; step <= 5; ++step) hook.after_step(step);  // step 5's commit waits
   ::raise(SIGUSR1);
   std::thread opener([&] {

@@ -14,7 +14,7 @@ namespace tsnap {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::TempDir;
+using test_support::TempDir;
 
 TEST(Latest, SkipsTemporariesAndCorruptSnapshots) {
   TempDir dir;
@@ -24,7 +24,7 @@ TEST(Latest, SkipsTemporariesAndCorruptSnapshots) {
   save(dir / "step-200", sd, {{"step", 200}});
   // A newer save that never committed: its temporary directory holds a complete manifest.
   fs::copy(dir / "step-300", dir / ".step-400.tmp-1234");
-  testing::set_format_version(dir / ".step-400.tmp-1234", kFormatVersion);
+  test_support::set_format_version(dir / ".step-400.tmp-1234", kFormatVersion);
   // A newer snapshot whose manifest is corrupt, and one without a manifest at all.
   save(dir / "step-500", sd, {{"step", 500}});
   std::ofstream(dir / "step-500" / kManifestName) << "{\"format\": \"tsnap\", \"format_ver";

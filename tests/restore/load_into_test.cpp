@@ -14,13 +14,13 @@
 namespace tsnap {
 namespace {
 
-using testing::bitwise_equal;
-using testing::clone;
-using testing::error_of;
-using testing::has;
-using testing::make_tensor;
-using testing::same_state;
-using testing::TempDir;
+using test_support::bitwise_equal;
+using test_support::clone;
+using test_support::error_of;
+using test_support::has;
+using test_support::make_tensor;
+using test_support::same_state;
+using test_support::TempDir;
 
 class LoadInto : public ::testing::Test {
  protected:
@@ -29,7 +29,7 @@ class LoadInto : public ::testing::Test {
                     {"a.b", make_tensor(at::kFloat, {8}, 2)},
                     {"steps", make_tensor(at::kLong, {4}, 3)}};
     save(path(), sd_, {}, {.num_shards = 2});
-    dest_ = testing::filled_like(sd_, 3);
+    dest_ = test_support::filled_like(sd_, 3);
     before_ = clone(dest_);
   }
   std::filesystem::path path() const { return dir_ / "s"; }
@@ -107,7 +107,7 @@ TEST_F(LoadInto, TruncatedShardIsNamedAndNothingIsWritten) {
 }
 
 TEST_F(LoadInto, NewerFormatVersionIsRefusedByEveryReader) {
-  testing::set_format_version(path(), kFormatVersion + 1);
+  test_support::set_format_version(path(), kFormatVersion + 1);
   const std::string what =
       error_of([&] { load_into(path(), dest_); }, ErrorCode::kUnsupportedFormat);
   EXPECT_TRUE(has(what, std::to_string(kFormatVersion + 1))) << what;

@@ -12,19 +12,20 @@
 #include "io/engine.h"
 #include "io/fault_engine.h"
 #include "restore/restore_util.h"
+#include "support/on_engine.h"
 #include "tsnap/reader.h"
 #include "tsnap/save.h"
 
 namespace tsnap {
 namespace {
 
-using testing::bitwise_equal;
-using testing::clone;
-using testing::error_of;
-using testing::has;
-using testing::make_tensor;
-using testing::same_state;
-using testing::TempDir;
+using test_support::bitwise_equal;
+using test_support::clone;
+using test_support::error_of;
+using test_support::has;
+using test_support::make_tensor;
+using test_support::same_state;
+using test_support::TempDir;
 
 struct Mode {
   const char* name;
@@ -35,7 +36,7 @@ struct Mode {
 class LoadPath : public ::testing::TestWithParam<Mode> {
  protected:
   void SetUp() override {
-    if (GetParam().direct && !testing::direct_io_works(dir_.path())) {
+    if (GetParam().direct && !test_support::direct_io_works(dir_.path())) {
       GTEST_SKIP() << "O_DIRECT is not supported under " << dir_.path();
     }
     if (GetParam().engine == EngineKind::kUring) {
@@ -61,7 +62,7 @@ class LoadPath : public ::testing::TestWithParam<Mode> {
   std::filesystem::path saved(const std::string& name, const StateDict& sd,
                               const SaveOptions& so = {}) {
     save(dir_ / name, sd, {}, so);
-    testing::evict(dir_ / name);
+    test_support::evict(dir_ / name);
     return dir_ / name;
   }
 
@@ -84,15 +85,15 @@ StateDict four_chunked_tensors() {
 const SaveOptions kFourChunks = {.num_shards = 1, .chunk_bytes = 8192};
 
 TEST_P(LoadPath, FullRoundTripOfEveryDtypeAcrossShardsAndChunks) {
-  StateDict sd = testing::mixed_state(3);
+  StateDict sd = test_support::mixed_state(3);
   sd.insert("big", make_tensor(at::kFloat, {300, 1000}, 4));  // many chunks
   const auto path = saved("s", sd, {.num_shards = 3, .chunk_bytes = 64 << 10});
   const StateDict back = load(path, options());
   EXPECT_TRUE(same_state(sd, back));
 
-  StateDict dest = testing::filled_like(sd, 0);
+  StateDict dest = test_support::filled_like(sd, 0);
   const void* before = dest.at("big").data_ptr();
-  testing::evict(path);
+  test_support::evict(path);
   const LoadReport r = load_into(path, dest, options());
   EXPECT_TRUE(same_state(sd, dest));
   EXPECT_EQ(dest.at("big").data_ptr(), before);  // in place
@@ -119,7 +120,7 @@ TEST_P(LoadPath, ShardsOfAnotherSnapshotAreRefused) {
        {error_of([&] { load(a, options()); }, ErrorCode::kBadManifest),
         error_of(
             [&] {
-              StateDict dest = testing::filled_like(sd, 0);
+              StateDict dest = test_support::filled_like(sd, 0);
               load_into(a, dest, options());
             },
             ErrorCode::kBadManifest),
@@ -128,7 +129,8 @@ TEST_P(LoadPath, ShardsOfAnotherSnapshotAreRefused) {
   }
   const std::vector<BadChunk> bad = verify(a);
   ASSERT_FALSE(bad.empty());
-  for (const BadChunk& c : bad) EXPECT_TRUE(has(c.problem, "from different snapshots")) << c.problem;
+  for (const BadChunk& c : bad)
+    EXPECT_TRUE(has(c.problem, "from different snapshots")) << c.problem;
   EXPECT_TRUE(same_state(sd, load(b, options())));
 }
 
@@ -143,7 +145,7 @@ TEST_P(LoadPath, PartialLoadsReadOnlyTheSelectedKeys) {
   EXPECT_TRUE(
       same_state(load(path, o), StateDict{{"enc.b", sd.at("enc.b")}, {"enc.w", sd.at("enc.w")}}));
 
-  StateDict dest = testing::filled_like(sd, 0);
+  StateDict dest = test_support::filled_like(sd, 0);
   const StateDict zeros = clone(dest);
   o.include.clear();
   o.exclude = {"*.w"};
@@ -191,7 +193,7 @@ TEST_P(LoadPath, ABudgetSmallerThanAChunkStillReadsOneChunkAtATime) {
   const auto path = saved("s", sd, kFourChunks);
   LoadOptions o = options();
   o.read_budget_bytes = 1;
-  StateDict dest = testing::filled_like(sd, 0);
+  StateDict dest = test_support::filled_like(sd, 0);
   load_into(path, dest, o);
   EXPECT_TRUE(same_state(sd, dest));
   EXPECT_TRUE(same_state(sd, load(path, o)));
@@ -201,8 +203,8 @@ TEST_P(LoadPath, HashMismatchMidStreamNamesTheTensorsAlreadyWritten) {
   const StateDict sd = four_chunked_tensors();
   const auto path = saved("s", sd, kFourChunks);
   const Manifest m = read_manifest(path);
-  testing::flip_byte(path / m.files[0].name, 3 * 8192 + 5);  // chunk 3: 3rd and 4th tensors
-  StateDict dest = testing::filled_like(sd, 0);
+  test_support::flip_byte(path / m.files[0].name, 3 * 8192 + 5);  // chunk 3: 3rd and 4th tensors
+  StateDict dest = test_support::filled_like(sd, 0);
   LoadOptions o = options();
   o.read_budget_bytes = 8192;  // one chunk in flight: the order of writes is known
   const std::string what = error_of([&] { load_into(path, dest, o); }, ErrorCode::kHashMismatch);
@@ -220,8 +222,8 @@ TEST_P(LoadPath, AtomicLoadChangesNothingOnAHashMismatch) {
   const StateDict sd = four_chunked_tensors();
   const auto path = saved("s", sd, kFourChunks);
   const Manifest m = read_manifest(path);
-  testing::flip_byte(path / m.files[0].name, 4 * 8192 + 5);  // the last chunk
-  StateDict dest = testing::filled_like(sd, 7);
+  test_support::flip_byte(path / m.files[0].name, 4 * 8192 + 5);  // the last chunk
+  StateDict dest = test_support::filled_like(sd, 7);
   const StateDict before = clone(dest);
   LoadOptions o = options();
   o.atomic = true;
@@ -241,10 +243,14 @@ TEST_P(LoadPath, ReadErrorMidStreamNamesFileOffsetAndWrittenTensors) {
   const Manifest m = read_manifest(path);
   LoadOptions o = options();
   o.read_budget_bytes = 8192;
-  o.engine_override = std::make_shared<io::FaultInjectingEngine>(io::make_pwrite_engine(1),
-                                                                 io::Faults{.fail_read = 3});
-  StateDict dest = testing::filled_like(sd, 0);
-  std::string what = error_of([&] { load_into(path, dest, o); }, ErrorCode::kIo);
+  const auto faulty = [] {
+    return std::make_shared<io::FaultInjectingEngine>(io::make_pwrite_engine(1),
+                                                      io::Faults{.fail_read = 3});
+  };
+  StateDict dest = test_support::filled_like(sd, 0);
+  std::string what =
+      error_of([&] { test_support::on_engine(faulty(), [&] { load_into(path, dest, o); }); },
+               ErrorCode::kIo);
   EXPECT_TRUE(has(what, m.files[0].name) && has(what, "chunk 2 at offset 16384")) << what;
   EXPECT_TRUE(has(what, "2 of 4 destination tensors were already written: w.1st, w.2nd (partly)"))
       << what;
@@ -252,11 +258,10 @@ TEST_P(LoadPath, ReadErrorMidStreamNamesFileOffsetAndWrittenTensors) {
   // Atomic: the same failure leaves the destination untouched.
   o.atomic = true;
   o.read_budget_bytes = 1 << 20;
-  o.engine_override = std::make_shared<io::FaultInjectingEngine>(io::make_pwrite_engine(1),
-                                                                 io::Faults{.fail_read = 3});
-  StateDict fresh = testing::filled_like(sd, 5);
+  StateDict fresh = test_support::filled_like(sd, 5);
   const StateDict before = clone(fresh);
-  error_of([&] { load_into(path, fresh, o); }, ErrorCode::kIo);
+  error_of([&] { test_support::on_engine(faulty(), [&] { load_into(path, fresh, o); }); },
+           ErrorCode::kIo);
   EXPECT_TRUE(same_state(before, fresh));
 }
 

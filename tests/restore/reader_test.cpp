@@ -15,15 +15,15 @@
 namespace tsnap {
 namespace {
 
-using testing::bitwise_equal;
-using testing::error_of;
-using testing::has;
-using testing::make_tensor;
-using testing::TempDir;
+using test_support::bitwise_equal;
+using test_support::error_of;
+using test_support::has;
+using test_support::make_tensor;
+using test_support::TempDir;
 
 TEST(Reader, ListsAndReadsEveryTensorOfEveryDtype) {
   TempDir dir;
-  const StateDict sd = testing::mixed_state(5);
+  const StateDict sd = test_support::mixed_state(5);
   save(dir / "s", sd, {}, {.num_shards = 2});
   const SnapshotReader r = open(dir / "s");
   EXPECT_EQ(r.keys(), sd.keys());
@@ -59,7 +59,7 @@ TEST(Reader, VerifiesOnlyTheChunksARead) {
   save(dir / "s", sd, {}, {.num_shards = 1, .chunk_bytes = 64 << 10});
   const Manifest m = read_manifest(dir / "s");
   const TensorRecord& c = *m.find("c");
-  testing::flip_byte(dir / "s" / m.files[0].name, c.end - 10);  // the last chunk
+  test_support::flip_byte(dir / "s" / m.files[0].name, c.end - 10);  // the last chunk
   const uint64_t bad_chunk = (c.end - 10) / (64 << 10);
 
   const SnapshotReader r = open(dir / "s");
@@ -84,7 +84,7 @@ TEST(Reader, TensorsOutliveTheReaderAndWritesToThemStayPrivate) {
   EXPECT_TRUE(bitwise_equal(view, w));
   view.fill_(42);  // copy-on-write: the file keeps its bytes
   EXPECT_TRUE(bitwise_equal(open(dir / "s").read("w"), w));
-  EXPECT_TRUE(testing::bitwise_equal(load(dir / "s").at("w"), w));
+  EXPECT_TRUE(test_support::bitwise_equal(load(dir / "s").at("w"), w));
 }
 
 TEST(Reader, ShardsAreOpenedOnlyWhenAReadNeedsThem) {

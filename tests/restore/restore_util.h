@@ -16,7 +16,7 @@
 #include "tsnap/manifest.h"
 #include "tsnap/state_dict.h"
 
-namespace tsnap::testing {
+namespace tsnap::test_support {
 
 /// Drops the snapshot's shard files from the page cache (clean pages), so that a load with
 /// direct I/O allowed reads them with O_DIRECT.
@@ -89,4 +89,4 @@ inline bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-}  // namespace tsnap::testing
+}  // namespace tsnap::test_support

@@ -24,13 +24,13 @@
 namespace tsnap {
 namespace {
 
-using testing::bitwise_equal;
-using testing::clone;
-using testing::Net;
-using testing::NetImpl;
-using testing::same_tensors;
-using testing::TempDir;
-using testing::train;
+using test_support::bitwise_equal;
+using test_support::clone;
+using test_support::Net;
+using test_support::NetImpl;
+using test_support::same_tensors;
+using test_support::TempDir;
+using test_support::train;
 namespace optim = torch::optim;
 
 constexpr int kSteps = 3;

@@ -14,11 +14,11 @@
 namespace tsnap {
 namespace {
 
-using testing::bitwise_equal;
-using testing::clone;
-using testing::Net;
-using testing::same_tensors;
-using testing::TempDir;
+using test_support::bitwise_equal;
+using test_support::clone;
+using test_support::Net;
+using test_support::same_tensors;
+using test_support::TempDir;
 
 const std::vector<std::string> kNetKeys = {"bn.bias",         "bn.num_batches_tracked",
                                            "bn.running_mean", "bn.running_var",

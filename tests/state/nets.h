@@ -14,7 +14,7 @@
 #include "support/test_util.h"
 #include "tsnap/state_dict.h"
 
-namespace tsnap::testing {
+namespace tsnap::test_support {
 
 struct NetImpl : torch::nn::Module {
   NetImpl()
@@ -79,4 +79,4 @@ inline ::testing::AssertionResult same_tensors(const torch::nn::Module& a,
   return ::testing::AssertionSuccess();
 }
 
-}  // namespace tsnap::testing
+}  // namespace tsnap::test_support

@@ -18,11 +18,11 @@
 namespace tsnap {
 namespace {
 
-using testing::bitwise_equal;
-using testing::clone;
-using testing::Net;
-using testing::same_tensors;
-using testing::train;
+using test_support::bitwise_equal;
+using test_support::clone;
+using test_support::Net;
+using test_support::same_tensors;
+using test_support::train;
 namespace optim = torch::optim;
 
 OptimizerState copy(const OptimizerState& state) { return {clone(state.state), state.config}; }
@@ -143,7 +143,7 @@ void expect_exact_resume(Make make) {
 }
 
 TEST(ApplyOptimizerState, AdamResumesExactly) {
-  expect_exact_resume([](testing::NetImpl& net) {
+  expect_exact_resume([](test_support::NetImpl& net) {
     // Two param groups with their own learning rates.
     std::vector<at::Tensor> conv, rest;
     for (const auto& item : net.named_parameters()) {
@@ -157,7 +157,7 @@ TEST(ApplyOptimizerState, AdamResumesExactly) {
 }
 
 TEST(ApplyOptimizerState, SgdWithMomentumResumesExactly) {
-  expect_exact_resume([](testing::NetImpl& net) {
+  expect_exact_resume([](test_support::NetImpl& net) {
     return std::make_unique<optim::SGD>(net.parameters(),
                                         optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-3));
   });
@@ -218,9 +218,8 @@ TEST(ApplyOptimizerState, StrictFailureChangesNothing) {
   EXPECT_EQ(report.mismatched[0].key, "fc.bias/exp_avg");
   EXPECT_EQ(fresh_adam.state().size(), 4u);
   EXPECT_EQ(fresh_adam.param_groups()[0].options().get_lr(), 1.0);
-  const auto& bn_bias = static_cast<const optim::AdamParamState&>(
-      *fresh_adam.state().at(
-          compat::optimizer_state_key<std::decay_t<decltype(fresh_adam.state())>>(fresh->bn->bias)));
+  const auto& bn_bias = static_cast<const optim::AdamParamState&>(*fresh_adam.state().at(
+      compat::optimizer_state_key<std::decay_t<decltype(fresh_adam.state())>>(fresh->bn->bias)));
   EXPECT_EQ(bn_bias.step(), 99);
 }
 

@@ -8,7 +8,7 @@
 
 #include "io/engine.h"
 
-namespace tsnap::testing {
+namespace tsnap::test_support {
 
 /// An engine whose renames (the commit of each save) wait until `open_gate()`.
 class GateEngine final : public io::ForwardingEngine {
@@ -35,4 +35,4 @@ class GateEngine final : public io::ForwardingEngine {
   bool open_ = false;
 };
 
-}  // namespace tsnap::testing
+}  // namespace tsnap::test_support

@@ -18,7 +18,7 @@
 
 #include "common/remove_tree.h"
 
-namespace tsnap::testing {
+namespace tsnap::test_support {
 
 namespace fs = std::filesystem;
 
@@ -124,8 +124,7 @@ void flip_byte(const fs::path& file, uint64_t offset) {
 }
 
 ReaderRun run_reference_reader(const fs::path& file, bool tsnap_rules) {
-  const fs::path script =
-      fs::path(TSNAP_TESTS_DIR) / "format" / "safetensors_reader.py";
+  const fs::path script = fs::path(TSNAP_TESTS_DIR) / "format" / "safetensors_reader.py";
   const std::string cmd = "python3 '" + script.string() + "' " + (tsnap_rules ? "--tsnap " : "") +
                           "'" + file.string() + "' 2>&1";
   ReaderRun run;
@@ -141,4 +140,4 @@ ReaderRun run_reference_reader(const fs::path& file, bool tsnap_rules) {
 
 bool have_python() { return std::system("python3 -c 'import json, struct' >/dev/null 2>&1") == 0; }
 
-}  // namespace tsnap::testing
+}  // namespace tsnap::test_support

@@ -8,7 +8,7 @@
 
 #include "tsnap/state_dict.h"
 
-namespace tsnap::testing {
+namespace tsnap::test_support {
 
 /// A fresh directory under `base` (default: the system temp dir), removed on destruction.
 class TempDir {
@@ -51,4 +51,4 @@ ReaderRun run_reference_reader(const std::filesystem::path& file, bool tsnap_rul
 /// Whether python3 (with json and struct) is there to run it.
 bool have_python();
 
-}  // namespace tsnap::testing
+}  // namespace tsnap::test_support

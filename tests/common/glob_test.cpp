@@ -1,4 +1,4 @@
-// Glob patterns over state-dict keys (util/glob.h).
+// Glob patterns over state-dict keys (common/glob.h).
 
 #include "common/glob.h"
 

@@ -1,0 +1,45 @@
+#include "io/fd.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace tsnap::io {
+
+void UniqueFd::reset(int fd) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+int UniqueFd::close() {
+  if (fd_ < 0) return 0;
+  const int rc = ::close(release());
+  return rc < 0 ? -errno : 0;
+}
+
+UniqueFd open_fd(const std::string& path, int flags, mode_t mode, int* err) {
+  int fd;
+  do {
+    fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+  } while (fd < 0 && errno == EINTR);
+  *err = fd < 0 ? -errno : 0;
+  return UniqueFd(fd);
+}
+
+int64_t read_full(int fd, void* buf, size_t len, uint64_t offset) {
+  auto* out = static_cast<char*>(buf);
+  size_t got = 0;
+  while (got < len) {
+    const ssize_t n = ::pread(fd, out + got, len - got, static_cast<off_t>(offset + got));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return -errno;
+    }
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  return static_cast<int64_t>(got);
+}
+
+}  // namespace tsnap::io

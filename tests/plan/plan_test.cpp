@@ -1,0 +1,120 @@
+// The save plan: stored dtypes, balanced shard files, aligned offsets, chunking and the
+// interleaved chunk order, and the input it refuses before anything is written.
+
+#include "plan/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "support/test_util.h"
+#include "tsnap/error.h"
+
+namespace tsnap::plan {
+namespace {
+
+using test_support::make_tensor;
+
+StateDict sized_state() {
+  StateDict sd;
+  sd.insert("big", make_tensor(at::kFloat, {300000}, 1));    // 1.2 MB
+  sd.insert("mid", make_tensor(at::kFloat, {200000}, 2));    // 0.8 MB
+  sd.insert("small", make_tensor(at::kFloat, {100000}, 3));  // 0.4 MB
+  sd.insert("steps", make_tensor(at::kLong, {3}, 4));
+  sd.insert("half", make_tensor(at::kHalf, {5}, 5));
+  return sd;
+}
+
+TEST(Plan, FilesAreBalancedByBytesAndEveryTensorIsPlacedOnce) {
+  SaveOptions o;
+  o.num_shards = 2;
+  const Plan p = make_plan(sized_state(), o, 1 << 20, "id1", 4);
+  ASSERT_EQ(p.files.size(), 2u);
+  EXPECT_EQ(p.num_tensors, 5u);
+  std::set<std::string> seen;
+  for (const PlannedFile& f : p.files) {
+    for (const PlannedTensor& t : f.tensors) EXPECT_TRUE(seen.insert(t.name).second) << t.name;
+  }
+  EXPECT_EQ(seen.size(), 5u);
+  // Largest first onto the lightest file: "big" alone, "mid" and "small" together.
+  EXPECT_EQ(p.files[0].tensors.size() + p.files[1].tensors.size(), 5u);
+  uint64_t sum = 0;
+  for (const PlannedFile& f : p.files) sum += f.size;
+  EXPECT_EQ(sum, p.total_bytes);
+}
+
+TEST(Plan, OffsetsFollowTheHeaderAlignedAndWithoutHoles) {
+  const Plan p = make_plan(sized_state(), {}, 1 << 20, "id2", 4);
+  for (const PlannedFile& f : p.files) {
+    EXPECT_EQ(f.data_offset % 4096, 0u);
+    EXPECT_EQ(f.header.size(), f.data_offset);
+    uint64_t expected = f.data_offset;
+    size_t prev_elem = 16;
+    for (const PlannedTensor& t : f.tensors) {
+      EXPECT_EQ(t.begin, expected) << t.name;
+      const size_t elem = at::elementSize(t.dtype);
+      EXPECT_LE(elem, prev_elem) << "element size descending: " << t.name;
+      EXPECT_EQ(t.begin % elem, 0u) << t.name;
+      prev_elem = elem;
+      expected = t.end;
+    }
+    EXPECT_EQ(f.size, expected);
+  }
+}
+
+TEST(Plan, ChunksCoverEveryFileAndInterleaveAcrossFiles) {
+  SaveOptions o;
+  o.num_shards = 2;
+  const uint64_t chunk = 256 << 10;
+  const Plan p = make_plan(sized_state(), o, chunk, "id3", 4);
+  std::vector<uint64_t> next(p.files.size(), 0);
+  for (size_t i = 0; i < p.chunks.size(); ++i) {
+    const ChunkRef& c = p.chunks[i];
+    EXPECT_EQ(c.chunk, next[c.file]++) << "chunks of a file in order";
+    if (i > 0 && p.chunks[i - 1].chunk == c.chunk) EXPECT_NE(p.chunks[i - 1].file, c.file);
+  }
+  for (size_t f = 0; f < p.files.size(); ++f) {
+    EXPECT_EQ(next[f], p.files[f].num_chunks());
+    const PlannedFile& file = p.files[f];
+    EXPECT_EQ(file.chunk_end(file.num_chunks() - 1), file.size);
+  }
+  EXPECT_EQ(p.chunks[0].file, 0u);
+  EXPECT_EQ(p.chunks[1].file, 1u);
+}
+
+TEST(Plan, FloatingTensorsConvertIntegersNever) {
+  SaveOptions o;
+  o.dtype = at::kBFloat16;
+  const Plan p = make_plan(sized_state(), o, 1 << 20, "id4", 1);
+  for (const PlannedTensor& t : p.files[0].tensors) {
+    if (t.name == "steps") {
+      EXPECT_EQ(t.dtype, at::kLong);
+    } else {
+      EXPECT_EQ(t.dtype, at::kBFloat16) << t.name;
+      EXPECT_EQ(t.nbytes(), static_cast<uint64_t>(t.source.numel()) * 2) << t.name;
+    }
+  }
+}
+
+TEST(Plan, RefusesBadChunkSizesAndSparseTensorsNamingThem) {
+  EXPECT_THROW(make_plan(sized_state(), {}, 1000, "x", 1), InvalidArgument);
+  EXPECT_THROW(make_plan(sized_state(), {}, 0, "x", 1), InvalidArgument);
+  StateDict bad;
+  bad.insert("ghost", at::ones({4}).to_sparse());
+  try {
+    make_plan(bad, {}, 1 << 20, "x", 1);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("ghost"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Plan, EmptyStateHasOneEmptyFile) {
+  const Plan p = make_plan(StateDict(), {}, 1 << 20, "id5", 4);
+  ASSERT_EQ(p.files.size(), 1u);
+  EXPECT_TRUE(p.files[0].tensors.empty());
+  EXPECT_EQ(p.tensor_bytes, 0u);
+}
+
+}  // namespace
+}  // namespace tsnap::plan
