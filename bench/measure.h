@@ -1,22 +1,18 @@
 #pragma once
-// Measurement helpers shared by the benchmark programs under bench/ and by `tsnap bench`:
-// a series of timings (median, min, max), RSS figures, and the baselines a save is compared
-// with (raw sequential write through the same io engine, a 2-thread memcpy, torch::save).
+// Measurement helpers of the bench library: a series of timings (median, min, max), figures of
+// this process (RSS, CPU time), page-cache control, and the baselines a save or a load is
+// compared with (a 2-thread memcpy, torch::save, torch::load, a buffered read). The raw device
+// baseline is RawIo (raw_io.h).
 
 #include <c10/core/ScalarType.h>
 
 #include <chrono>
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "tsnap/state_dict.h"
-
-namespace tsnap::io {
-class Engine;
-}
 
 namespace tsnap::bench {
 
@@ -30,53 +26,43 @@ struct Series {
   std::vector<double> v;
   void add(double x) { v.push_back(x); }
   bool empty() const { return v.empty(); }
+  /// The median; 0 when empty.
   double median() const;
+  /// The smallest value; 0 when empty.
   double min() const;
+  /// The largest value; 0 when empty.
   double max() const;
 };
 
+/// A field of /proc/self/status in KiB ("VmRSS:", "VmHWM:"); 0 when absent.
+long status_kib(const char* field);
 /// Current resident set size of this process, KiB.
 long rss_kib();
-/// Peak resident set size of this process, KiB.
+/// Peak resident set size of this process, KiB (getrusage: not reset by reset_peak_rss).
 long peak_rss_kib();
+/// Resets the peak-RSS mark (VmHWM) to the current RSS; false where the kernel refuses.
+bool reset_peak_rss();
 /// User + system CPU time of this process so far, seconds.
 double process_cpu_s();
 
+/// sync, then drops the page cache (needs root); false where /proc/sys/vm/drop_caches refuses.
+bool drop_caches();
+
 /// Bytes of `sd`'s tensors once stored with floating tensors as `dtype` (unset keeps them).
 uint64_t output_bytes(const StateDict& sd, std::optional<at::ScalarType> dtype);
-
-/// The device's limit: sequential writes (and reads) of a plain file through an io engine of
-/// the kind tsnap uses, `chunk` bytes at a time and `depth` in flight, from warm aligned
-/// buffers, no staging. Owns its engine, its io thread and its buffers.
-class RawIo {
- public:
-  /// `uring` picks the io_uring engine (throws if unavailable), else a pwrite pool of 4.
-  /// `buffers` aligned buffers of `chunk` bytes are allocated and touched.
-  RawIo(bool uring, unsigned depth, uint64_t chunk, size_t buffers);
-  ~RawIo();
-  RawIo(const RawIo&) = delete;
-  RawIo& operator=(const RawIo&) = delete;
-
-  /// Writes `bytes` to `path` (O_DIRECT if `direct`), then fsyncs; returns the seconds.
-  /// The file is kept when `keep`, else removed. Throws std::runtime_error on failure.
-  double write(const std::string& path, uint64_t bytes, bool direct, bool keep = false);
-  /// Reads `path` sequentially to its end (O_DIRECT if `direct`); returns the seconds.
-  double read(const std::string& path, bool direct);
-  std::string engine_name() const;
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
 
 /// A plain 2-thread memcpy of `sd`'s output bytes (as stored under `dtype`) into `dst`, which
 /// holds at least output_bytes(sd, dtype): the floor of a save's stall. Returns the seconds.
 double memcpy_2threads(const StateDict& sd, std::optional<at::ScalarType> dtype, uint8_t* dst);
 
 /// torch::save of `sd`'s tensors (a std::vector<at::Tensor>) to `path`, then fsync; returns the
-/// seconds. The file is kept when `keep`, else removed.
+/// seconds. The file is kept when `keep`, else removed. Throws on failure (no file is left).
 double torch_save_fsync(const StateDict& sd, const std::string& path, bool keep = false);
 /// torch::load of a file written by torch_save_fsync; returns the seconds.
 double torch_load(const std::string& path);
+
+/// Reads `path` through the page cache, 16 MiB at a time, and discards it (also: to make it
+/// warm); returns the seconds. Throws std::runtime_error if it cannot be opened.
+double buffered_read(const std::string& path);
 
 }  // namespace tsnap::bench

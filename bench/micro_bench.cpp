@@ -12,11 +12,11 @@
 #include <memory>
 #include <vector>
 
+#include "bench/workloads.h"
+#include "format/convert.h"
 #include "format/hash.h"
 #include "plan/plan.h"
-#include "format/convert.h"
 #include "stage/fill.h"
-#include "workloads.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "workloads.h"
+#include "bench/workloads.h"
 
 #include <ATen/ATen.h>
 
@@ -95,6 +95,28 @@ StateDict large_tensors(uint64_t bytes, int count) {
   const int64_t elems = static_cast<int64_t>(bytes / 4 / static_cast<uint64_t>(count));
   for (int i = 0; i < count; ++i) sd.insert("big." + std::to_string(i), at::randn({elems}));
   return sd;
+}
+
+Workload make_workload(const std::string& preset, double size, int tensors) {
+  if (tensors > 0) {
+    const uint64_t bytes = static_cast<uint64_t>(size * 1073741824.0);
+    return {large_tensors(bytes, tensors), std::to_string(tensors) + " equal fp32 tensors"};
+  }
+  if (preset == "small-tensors") {
+    const int n = std::max(1, static_cast<int>(10000 * size));
+    return {small_tensors(n), std::to_string(n) + " small fp32 tensors (4-64 KiB)"};
+  }
+  const std::string scale = "(scale " + std::to_string(size).substr(0, 4) + ")";
+  if (preset == "llama-1b") {
+    return {llama_1b_with_adam(size), "Llama-1B-like + Adam moments " + scale};
+  }
+  Workload w{gpt2_small_with_adam(size), "GPT-2 small + Adam moments " + scale};
+  if (preset == "mixed") {
+    const int n = std::max(1, static_cast<int>(2000 * size));
+    for (auto& [k, e] : small_tensors(n)) w.state.insert(k, e.tensor);
+    w.description += " + " + std::to_string(n) + " small tensors";
+  }
+  return w;
 }
 
 }  // namespace tsnap::bench

@@ -22,4 +22,15 @@ StateDict small_tensors(int count);
 /// Tensors of about `bytes` in total, in `count` equal fp32 tensors.
 StateDict large_tensors(uint64_t bytes, int count);
 
+/// A benchmark state and the words that describe it in reports.
+struct Workload {
+  StateDict state;
+  std::string description;  ///< e.g. "GPT-2 small + Adam moments (scale 1.00)"
+};
+
+/// The state of a preset ("gpt2-small", "llama-1b", "small-tensors", "mixed": GPT-2 small plus
+/// 2,000 small tensors) at scale `size`, or, when `tensors` > 0, `tensors` equal fp32 tensors of
+/// `size` GiB in all. Deterministic.
+Workload make_workload(const std::string& preset, double size, int tensors);
+
 }  // namespace tsnap::bench

@@ -1,0 +1,172 @@
+#include "bench/raw_io.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <new>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "bench/measure.h"
+#include "io/engine.h"
+
+namespace fs = std::filesystem;
+
+namespace tsnap::bench {
+namespace {
+
+// An io engine plus the io thread that runs its completions: the one place in the benchmarks
+// that builds them (to be replaced by the library's own host of an engine and its thread).
+class EngineThread {
+ public:
+  EngineThread(bool uring, unsigned depth) {
+    thread_ = std::thread([this] { io_.run(); });
+    std::string why;
+    engine_ = uring ? io::make_uring_engine(io_, depth, &why) : io::make_pwrite_engine(4);
+    if (!engine_) {
+      stop();
+      throw std::runtime_error("io_uring unavailable: " + why);
+    }
+  }
+  ~EngineThread() { stop(); }
+  EngineThread(const EngineThread&) = delete;
+  EngineThread& operator=(const EngineThread&) = delete;
+  io::Engine& engine() { return *engine_; }
+
+ private:
+  void stop() {
+    engine_.reset();
+    guard_.reset();
+    if (thread_.joinable()) thread_.join();
+  }
+  boost::asio::io_context io_;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> guard_{
+      boost::asio::make_work_guard(io_)};
+  std::thread thread_;
+  std::shared_ptr<io::Engine> engine_;
+};
+
+// Aligned buffers, freed last (after the engine that may have them registered).
+struct AlignedBuffers {
+  std::vector<uint8_t*> p;
+  AlignedBuffers() = default;
+  AlignedBuffers(const AlignedBuffers&) = delete;
+  AlignedBuffers& operator=(const AlignedBuffers&) = delete;
+  ~AlignedBuffers() {
+    for (uint8_t* b : p) std::free(b);
+  }
+};
+
+}  // namespace
+
+struct RawIo::Impl {
+  explicit Impl(const RawIoOptions& o) : options(o), host(o.uring, std::max(1u, o.depth)) {}
+
+  // Runs `submit(buffer, index, offset, len, done)` for every chunk of [0, bytes), at most
+  // min(depth, buffers) in flight, each in a buffer no other transfer uses; returns the first
+  // error (negative) or 0. `submit`'s done receives the result.
+  template <typename Submit>
+  int pump(uint64_t bytes, Submit submit) {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<int> free_bufs;
+    const size_t limit = std::min<size_t>(options.depth, buffers.p.size());
+    for (size_t i = 0; i < std::max<size_t>(1, limit); ++i)
+      free_bufs.push_back(static_cast<int>(i));
+    size_t in_flight = 0;
+    int failed = 0;
+    for (uint64_t off = 0; off < bytes;) {
+      int b;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return !free_bufs.empty(); });
+        if (failed) break;
+        b = free_bufs.back();
+        free_bufs.pop_back();
+        ++in_flight;
+      }
+      const uint64_t n = std::min(options.chunk, (bytes - off + 4095) / 4096 * 4096);
+      submit(buffers.p[b], options.register_buffers ? b : -1, off, n, [&, b](int rc) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (rc < 0 && !failed) failed = rc;
+        free_bufs.push_back(b);
+        --in_flight;
+        cv.notify_one();
+      });
+      off += n;
+    }
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return in_flight == 0; });
+    return failed;
+  }
+
+  RawIoOptions options;
+  AlignedBuffers buffers;  // before `host`: destroyed after it
+  EngineThread host;
+};
+
+RawIo::RawIo(const RawIoOptions& options) : impl_(std::make_unique<Impl>(options)) {
+  std::vector<iovec> iovs;
+  for (size_t i = 0; i < std::max<size_t>(1, options.buffers); ++i) {
+    void* p = nullptr;
+    if (posix_memalign(&p, 4096, options.chunk) != 0) throw std::bad_alloc();
+    std::memset(p, 0x5a, options.chunk);
+    impl_->buffers.p.push_back(static_cast<uint8_t*>(p));
+    iovs.push_back({p, options.chunk});
+  }
+  if (options.register_buffers) impl_->host.engine().register_buffers(iovs);
+}
+
+RawIo::~RawIo() = default;
+
+std::string RawIo::engine_name() const { return impl_->host.engine().name(); }
+
+double RawIo::write(const std::string& path, uint64_t bytes, bool direct, bool keep) {
+  io::Engine& engine = impl_->host.engine();
+  const auto t0 = Clock::now();
+  const int fd = engine.open(path, O_WRONLY | O_CREAT | O_TRUNC | (direct ? O_DIRECT : 0), 0644);
+  if (fd < 0) {
+    throw std::runtime_error("raw write: cannot open " + path + ": " + std::strerror(-fd));
+  }
+  int rc =
+      impl_->pump(bytes, [&](uint8_t* buf, int index, uint64_t off, uint64_t n, io::Done done) {
+        engine.write(fd, buf, n, off, index, std::move(done));
+      });
+  if (rc == 0) rc = engine.fsync(fd);
+  engine.close(fd);
+  const double t = since(t0);
+  if (rc < 0 || !keep) fs::remove(path);
+  if (rc < 0) throw std::runtime_error("raw write of " + path + ": " + std::strerror(-rc));
+  return t;
+}
+
+double RawIo::read(const std::string& path, bool direct) {
+  io::Engine& engine = impl_->host.engine();
+  const auto t0 = Clock::now();
+  const int fd = engine.open(path, O_RDONLY | (direct ? O_DIRECT : 0), 0);
+  if (fd < 0) {
+    throw std::runtime_error("raw read: cannot open " + path + ": " + std::strerror(-fd));
+  }
+  struct stat st {};
+  ::fstat(fd, &st);
+  const int rc = impl_->pump(static_cast<uint64_t>(st.st_size),
+                             [&](uint8_t* buf, int index, uint64_t off, uint64_t n, io::Done done) {
+                               engine.read(fd, buf, n, off, index, std::move(done));
+                             });
+  engine.close(fd);
+  const double t = since(t0);
+  if (rc < 0) throw std::runtime_error("raw read of " + path + ": " + std::strerror(-rc));
+  return t;
+}
+
+}  // namespace tsnap::bench

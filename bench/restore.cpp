@@ -1,0 +1,88 @@
+#include "bench/restore.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "bench/raw_io.h"
+#include "bench/session.h"
+#include "tsnap/load.h"
+#include "tsnap/save.h"
+
+namespace fs = std::filesystem;
+
+namespace tsnap::bench {
+
+RestoreResult run_restore(const RestoreSpec& spec, StateDict& state, const fs::path& work,
+                          Progress& progress) {
+  const fs::path snap = work / "snap";
+  const std::string torch_file = (work / "state.pt").string();
+  const std::string raw_file = (work / "raw.bin").string();
+  RestoreResult r;
+  progress.show("saving the snapshot...");
+  tsnap::save(snap, state, {}, {.chunk_bytes = spec.chunk});
+  const Manifest manifest = tsnap::read_manifest(snap);
+  r.bytes = manifest.total_bytes();
+  r.shards = manifest.files.size();
+  std::vector<std::string> shards;
+  for (const FileRecord& f : manifest.files) shards.push_back((snap / f.name).string());
+  if (spec.torch) torch_save_fsync(state, torch_file, true);
+
+  r.cold_ok = drop_caches();
+  const LoadOptions opts{.read_budget_bytes = spec.read_budget};
+  r.engine = tsnap::load_into(snap, state, opts).engine;
+  // The raw baseline reads through an engine of the same kind, as many chunks in flight as
+  // the read budget holds, from a file of as many bytes as the snapshot's shards (not zeros).
+  const size_t nbufs = std::max<uint64_t>(1, spec.read_budget / spec.chunk);
+  RawIo raw({.uring = r.engine.rfind("io_uring", 0) == 0,
+             .depth = static_cast<unsigned>(nbufs),
+             .chunk = spec.chunk,
+             .buffers = nbufs,
+             .register_buffers = true});
+  raw.write(raw_file, r.bytes, /*direct=*/true, /*keep=*/true);
+
+  LoadOptions no_verify = opts;
+  no_verify.verify = false;
+  auto into = [&](Series& s, std::string* engine_used) {
+    const long base = status_kib("VmRSS:");
+    const bool reset = reset_peak_rss();
+    const LoadReport report = tsnap::load_into(snap, state, opts);
+    s.add(report.seconds);
+    *engine_used = report.engine;
+    if (reset) r.peak_extra_kib = std::max(r.peak_extra_kib, status_kib("VmHWM:") - base);
+  };
+  auto load_new = [&](Series& s) {
+    const auto t0 = Clock::now();
+    const StateDict fresh = tsnap::load(snap, opts);
+    s.add(since(t0));
+  };
+  for (int rep = 0; rep < spec.reps; ++rep) {
+    const std::string at = "rep " + std::to_string(rep + 1) + "/" + std::to_string(spec.reps);
+    progress.show(at + ": cold");
+    drop_caches();
+    r.raw_direct.add(raw.read(raw_file, /*direct=*/true));
+    drop_caches();
+    r.raw_buffered.add(buffered_read(raw_file));
+    drop_caches();
+    into(r.cold_into, &r.cold_engine);
+    drop_caches();
+    load_new(r.cold_load);
+    if (spec.torch) {
+      drop_caches();
+      r.cold_torch.add(torch_load(torch_file));
+    }
+    progress.show(at + ": warm");
+    for (const std::string& s : shards) buffered_read(s);
+    buffered_read(raw_file);
+    r.warm_raw.add(buffered_read(raw_file));
+    into(r.warm_into, &r.warm_engine);
+    r.warm_into_noverify.add(tsnap::load_into(snap, state, no_verify).seconds);
+    load_new(r.warm_load);
+    if (spec.torch) {
+      buffered_read(torch_file);
+      r.warm_torch.add(torch_load(torch_file));
+    }
+  }
+  return r;
+}
+
+}  // namespace tsnap::bench

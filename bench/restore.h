@@ -1,0 +1,51 @@
+#pragma once
+// The restore benchmark: repetitions, interleaved so that the disk's drift hits every contender
+// alike, of
+//   raw direct    a sequential O_DIRECT read of an equal-size file through an io engine of the
+//                 kind load_into uses, same chunk size, as many reads in flight as the read
+//                 budget holds chunks, into warm registered buffers (RawIo);
+//   raw buffered  a plain read() loop over the same file (16 MiB at a time);
+//   tsnap         load_into the existing state (in place, verified) and load (new tensors);
+//   torch         torch::load of the same tensors, saved with torch::save;
+// each cold (the page cache dropped first: needs root; the result says when it could not be)
+// and warm (the files read into the page cache first). The peak extra RSS of load_into is
+// measured by resetting the high-water mark (clear_refs 5).
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "bench/measure.h"
+#include "tsnap/state_dict.h"
+
+namespace tsnap::bench {
+
+class Progress;
+
+/// What the restore benchmark does.
+struct RestoreSpec {
+  uint64_t read_budget = 256ull << 20;  ///< LoadOptions::read_budget_bytes
+  uint64_t chunk = 16ull << 20;         ///< chunk size of the snapshot and of the raw reads
+  int reps = 3;
+  bool torch = true;  ///< also torch::load
+};
+
+/// The figures of a restore benchmark.
+struct RestoreResult {
+  uint64_t bytes = 0;  ///< the snapshot's shard bytes (and the raw file's size)
+  size_t shards = 0;
+  std::string engine;    ///< load_into's engine on the first (cold) load
+  bool cold_ok = false;  ///< whether the page cache could be dropped
+  Series raw_direct, raw_buffered, cold_into, cold_load, cold_torch;
+  Series warm_raw, warm_into, warm_into_noverify, warm_load, warm_torch;
+  std::string cold_engine, warm_engine;  ///< load_into's engine in the last cold / warm run
+  long peak_extra_kib = 0;               ///< the largest VmHWM - VmRSS over a load_into
+};
+
+/// Saves `state` (a snapshot, a torch::save file, a raw file of the same size) under `work`,
+/// then measures; loads write into `state` in place. The files stay in `work` (the caller
+/// removes it). Errors: whatever the save, the loads, the raw io and torch throw.
+RestoreResult run_restore(const RestoreSpec& spec, StateDict& state,
+                          const std::filesystem::path& work, Progress& progress);
+
+}  // namespace tsnap::bench

@@ -1,0 +1,35 @@
+#pragma once
+// Plain-text output shared by the `tsnap` tool and the benchmarks: aligned tables and byte
+// counts spelled for people.
+
+#include <cstddef>
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace tsnap::detail {
+
+/// "512 B", "1.5 KiB", "297.3 MiB", ... (binary units, one decimal above bytes).
+std::string human_bytes(uint64_t n);
+
+/// A text table: a header row, then rows, columns separated by two spaces and padded to the
+/// widest cell. Columns marked numeric are right-aligned.
+/// Thread-safety: none (one thread builds and prints it). Ownership: copies its cells.
+class Table {
+ public:
+  explicit Table(std::vector<std::string> headers);
+  /// Right-aligns column `column`.
+  void set_numeric(size_t column);
+  /// Adds a row; it must have one cell per header (std::logic_error otherwise).
+  void add_row(std::vector<std::string> cells);
+  bool empty() const { return rows_.empty(); }
+  void print(std::ostream& out) const;
+
+ private:
+  std::vector<std::string> headers_;
+  std::vector<bool> numeric_;
+  std::vector<std::vector<std::string>> rows_;
+};
+
+}  // namespace tsnap::detail
