@@ -13,6 +13,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "io/fd.h"
+
 namespace fs = std::filesystem;
 
 namespace tsnap::bench {
@@ -118,9 +120,10 @@ double torch_save_fsync(const StateDict& sd, const std::string& path, bool keep)
     fs::remove(path);
     throw;
   }
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  const int rc = fd < 0 ? -1 : ::fsync(fd);
-  if (fd >= 0) ::close(fd);
+  int err = 0;
+  io::UniqueFd fd = io::open_fd(path, O_RDONLY, 0, &err);
+  const int rc = fd.valid() ? ::fsync(fd.get()) : -1;
+  fd.reset();
   const double t = since(t0);
   if (rc != 0 || !keep) fs::remove(path);
   if (rc != 0) throw std::runtime_error("torch::save: fsync of " + path + " failed");
@@ -136,12 +139,12 @@ double torch_load(const std::string& path) {
 
 double buffered_read(const std::string& path) {
   const auto t0 = Clock::now();
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw std::runtime_error("open " + path + ": " + std::strerror(errno));
+  int err = 0;
+  const io::UniqueFd fd = io::open_fd(path, O_RDONLY, 0, &err);
+  if (!fd.valid()) throw std::runtime_error("open " + path + ": " + std::strerror(-err));
   std::vector<char> buf(16 << 20);
-  while (::read(fd, buf.data(), buf.size()) > 0) {
+  while (::read(fd.get(), buf.data(), buf.size()) > 0) {
   }
-  ::close(fd);
   return since(t0);
 }
 

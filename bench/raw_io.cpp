@@ -5,8 +5,6 @@
 #include <sys/uio.h>
 
 #include <algorithm>
-#include <boost/asio/executor_work_guard.hpp>
-#include <boost/asio/io_context.hpp>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -14,47 +12,15 @@
 #include <mutex>
 #include <new>
 #include <stdexcept>
-#include <thread>
 #include <vector>
 
 #include "bench/measure.h"
-#include "io/engine.h"
+#include "io/engine_host.h"
 
 namespace fs = std::filesystem;
 
 namespace tsnap::bench {
 namespace {
-
-// An io engine plus the io thread that runs its completions: the one place in the benchmarks
-// that builds them (to be replaced by the library's own host of an engine and its thread).
-class EngineThread {
- public:
-  EngineThread(bool uring, unsigned depth) {
-    thread_ = std::thread([this] { io_.run(); });
-    std::string why;
-    engine_ = uring ? io::make_uring_engine(io_, depth, &why) : io::make_pwrite_engine(4);
-    if (!engine_) {
-      stop();
-      throw std::runtime_error("io_uring unavailable: " + why);
-    }
-  }
-  ~EngineThread() { stop(); }
-  EngineThread(const EngineThread&) = delete;
-  EngineThread& operator=(const EngineThread&) = delete;
-  io::Engine& engine() { return *engine_; }
-
- private:
-  void stop() {
-    engine_.reset();
-    guard_.reset();
-    if (thread_.joinable()) thread_.join();
-  }
-  boost::asio::io_context io_;
-  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> guard_{
-      boost::asio::make_work_guard(io_)};
-  std::thread thread_;
-  std::shared_ptr<io::Engine> engine_;
-};
 
 // Aligned buffers, freed last (after the engine that may have them registered).
 struct AlignedBuffers {
@@ -70,7 +36,16 @@ struct AlignedBuffers {
 }  // namespace
 
 struct RawIo::Impl {
-  explicit Impl(const RawIoOptions& o) : options(o), host(o.uring, std::max(1u, o.depth)) {}
+  explicit Impl(const RawIoOptions& o)
+      : options(o),
+        host(io::host_of(o.uring ? EngineKind::kUring : EngineKind::kPwrite, request(o))) {}
+
+  static io::EngineRequest request(const RawIoOptions& o) {
+    io::EngineRequest r;
+    r.queue_depth = std::max(1u, o.depth);
+    r.io_threads = 4;
+    return r;
+  }
 
   // Runs `submit(buffer, index, offset, len, done)` for every chunk of [0, bytes), at most
   // min(depth, buffers) in flight, each in a buffer no other transfer uses; returns the first
@@ -111,8 +86,8 @@ struct RawIo::Impl {
   }
 
   RawIoOptions options;
-  AlignedBuffers buffers;  // before `host`: destroyed after it
-  EngineThread host;
+  AlignedBuffers buffers;                // before `host`: destroyed after it
+  std::unique_ptr<io::EngineHost> host;  // io::host_of: exactly the engine asked for
 };
 
 RawIo::RawIo(const RawIoOptions& options) : impl_(std::make_unique<Impl>(options)) {
@@ -124,15 +99,15 @@ RawIo::RawIo(const RawIoOptions& options) : impl_(std::make_unique<Impl>(options
     impl_->buffers.p.push_back(static_cast<uint8_t*>(p));
     iovs.push_back({p, options.chunk});
   }
-  if (options.register_buffers) impl_->host.engine().register_buffers(iovs);
+  if (options.register_buffers) impl_->host->engine().register_buffers(iovs);
 }
 
 RawIo::~RawIo() = default;
 
-std::string RawIo::engine_name() const { return impl_->host.engine().name(); }
+std::string RawIo::engine_name() const { return impl_->host->engine().name(); }
 
 double RawIo::write(const std::string& path, uint64_t bytes, bool direct, bool keep) {
-  io::Engine& engine = impl_->host.engine();
+  io::Engine& engine = impl_->host->engine();
   const auto t0 = Clock::now();
   const int fd = engine.open(path, O_WRONLY | O_CREAT | O_TRUNC | (direct ? O_DIRECT : 0), 0644);
   if (fd < 0) {
@@ -151,7 +126,7 @@ double RawIo::write(const std::string& path, uint64_t bytes, bool direct, bool k
 }
 
 double RawIo::read(const std::string& path, bool direct) {
-  io::Engine& engine = impl_->host.engine();
+  io::Engine& engine = impl_->host->engine();
   const auto t0 = Clock::now();
   const int fd = engine.open(path, O_RDONLY | (direct ? O_DIRECT : 0), 0);
   if (fd < 0) {
