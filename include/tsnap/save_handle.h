@@ -34,6 +34,10 @@ struct TSNAP_API SaveStats {
   uint64_t buffers_reused = 0;  ///< Staging buffers that earlier saves had already used.
   std::string engine;           ///< "io_uring" or "pwrite".
   bool direct = false;          ///< Whether O_DIRECT was used.
+  /// With overwrite: the hidden temporary path of the replaced snapshot when it could not be
+  /// removed (e.g. permissions); the save still committed, and the next writer that starts
+  /// alone on the root removes it. Empty otherwise.
+  std::string leftover;
   /// bytes / total_s in GB/s (1e9 bytes), 0 before completion.
   double throughput_gbps() const { return total_s > 0 ? bytes / total_s / 1e9 : 0; }
 };

@@ -1,7 +1,8 @@
 #pragma once
-// The dtype conversion kernel that staging (save) and restore share: copies elements converting between floating dtypes in one pass,
-// rounding exactly as LibTorch's Tensor::to() does (round to nearest even; NaN stays NaN).
-// Results are bit-identical to Tensor::to() on the CPU.
+// The dtype conversion kernel that staging (save) and restore share: copies elements converting
+// between floating dtypes in one pass, rounding exactly as LibTorch's Tensor::to() does (round to
+// nearest even; NaN stays NaN). Results are bit-identical to Tensor::to() on the CPU except for
+// the payload bits of NaNs (docs/format.md, "Dtypes").
 
 #include <c10/core/ScalarType.h>
 

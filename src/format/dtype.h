@@ -13,6 +13,9 @@
 
 namespace tsnap::format {
 
+/// Most dimensions a stored tensor may have (LibTorch's own kernels cap ndim at 64 or lower).
+inline constexpr size_t kMaxDims = 64;
+
 /// True for the dtypes format v1 stores: F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL.
 bool is_supported(at::ScalarType t) noexcept;
 /// True for F64, F32, F16, BF16 (the dtypes a save may convert).

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "format/manifest_io.h"
+#include "format/open_file.h"
 #include "io/fd.h"
 #include "tsnap/error.h"
 
@@ -38,41 +39,32 @@ uint64_t Manifest::total_bytes() const {
   return total;
 }
 
-Manifest read_manifest(const std::filesystem::path& dir) {
-  const std::filesystem::path path = dir / kManifestName;
-  const std::string name = path.string();
-  int err = 0;
-  const io::UniqueFd fd = io::open_fd(name, O_RDONLY, 0, &err);
-  if (err < 0) {
-    const int e = -err;
-    if (e == ENOENT) {
-      throw_error(ErrorCode::kNotFound, "no manifest: " + name + " does not exist", e);
-    }
-    throw_error(ErrorCode::kIo, "cannot open " + name + ": " + std::strerror(e), e);
-  }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) {
-    const int e = errno;
-    throw_error(ErrorCode::kIo, "fstat " + name + " failed: " + std::strerror(e), e);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    throw_error(ErrorCode::kBadManifest, "" + name + " is not a regular file");
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size > format::kMaxManifestBytes) {
+namespace format {
+
+Manifest read_manifest_in(const SnapshotDir& dir) {
+  const std::string name = dir.label(kManifestName);
+  const OpenedFile f = open_snapshot_file(dir, kManifestName, "manifest");
+  const uint64_t size = f.size();
+  if (size > kMaxManifestBytes) {
     throw_error(ErrorCode::kBadManifest,
                 "" + name + " has " + std::to_string(size) + " bytes, more than the cap of " +
-                    std::to_string(format::kMaxManifestBytes) + " bytes on manifests");
+                    std::to_string(kMaxManifestBytes) + " bytes on manifests");
   }
   // A committed manifest never changes; if the file shrank meanwhile, the JSON check fails.
   std::string text(size, '\0');
-  const int64_t got = io::read_full(fd.get(), text.data(), text.size(), 0);
+  const int64_t got = io::read_full(f.fd.get(), text.data(), text.size(), 0);
   if (got < 0) {
     const int e = static_cast<int>(-got);
     throw_error(ErrorCode::kIo, "read " + name + " failed: " + std::strerror(e), e);
   }
   text.resize(static_cast<size_t>(got));
-  return format::parse_manifest(text, name);
+  return parse_manifest(text, name);
+}
+
+}  // namespace format
+
+Manifest read_manifest(const std::filesystem::path& dir) {
+  return format::read_manifest_in(format::SnapshotDir::open(dir));
 }
 
 }  // namespace tsnap

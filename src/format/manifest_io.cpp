@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "format/dtype.h"
+#include "format/json_bounds.h"
 #include "format/json_writer.h"
 #include "format/layout.h"
 #include "format/safetensors.h"
@@ -79,6 +80,10 @@ class Checker {
   /// An array of dimensions (non-negative, fitting int64).
   std::vector<int64_t> dims(const json& obj, const char* key, const std::string& where) const {
     const json& a = field(obj, key, json::value_t::array, where);
+    if (a.size() > kMaxDims) {
+      fail(ErrorCode::kBadManifest, where + ": \"" + key + "\" has " + std::to_string(a.size()) +
+                                        " dimensions, more than " + std::to_string(kMaxDims));
+    }
     std::vector<int64_t> out;
     out.reserve(a.size());
     for (const auto& d : a) {
@@ -124,10 +129,11 @@ FileRecord parse_file(const Checker& c, const std::string& name, const json& j) 
                                         std::to_string(kAlignment) + " within its " +
                                         std::to_string(f.size) + " bytes");
   }
-  if (f.chunk_bytes == 0 || f.chunk_bytes % kAlignment != 0) {
+  if (f.chunk_bytes == 0 || f.chunk_bytes % kAlignment != 0 || f.chunk_bytes > kMaxChunkBytes) {
     c.fail(ErrorCode::kBadManifest, where + ": chunk_bytes " + std::to_string(f.chunk_bytes) +
                                         " is not a positive multiple of " +
-                                        std::to_string(kAlignment));
+                                        std::to_string(kAlignment) + " up to " +
+                                        std::to_string(kMaxChunkBytes));
   }
   const json& hashes = c.field(j, "chunk_hashes", json::value_t::array, where);
   const uint64_t chunks = f.size / f.chunk_bytes + (f.size % f.chunk_bytes != 0 ? 1 : 0);
@@ -448,9 +454,11 @@ Manifest parse_manifest(std::string_view text, const std::string& label) {
   const Checker c(label);
   json root;
   try {
-    root = json::parse(text);
+    root = parse_bounded_json(text);
   } catch (const json::exception& e) {
     c.fail(ErrorCode::kBadManifest, "not valid JSON: " + printable(e.what(), 200));
+  } catch (const std::invalid_argument& e) {
+    c.fail(ErrorCode::kBadManifest, std::string("not bounded JSON: ") + e.what());
   }
   if (!root.is_object()) c.fail(ErrorCode::kBadManifest, "not a JSON object");
 
@@ -482,7 +490,8 @@ Manifest parse_manifest(std::string_view text, const std::string& label) {
   check_created(c, m.created, m.created_unix_ns);
   m.world_size = static_cast<int>(c.uint(root, "world_size", where, INT_MAX));
   if (m.world_size < 1) c.fail(ErrorCode::kBadManifest, "\"world_size\" must be at least 1");
-  m.metadata = c.field(root, "metadata", json::value_t::object, where);
+  c.field(root, "metadata", json::value_t::object, where);
+  m.metadata = std::move(root["metadata"]);  // moved: user metadata may be large
 
   std::map<std::string, const FileRecord*> files;
   const json& jfiles = c.field(root, "files", json::value_t::object, where);
@@ -500,6 +509,44 @@ Manifest parse_manifest(std::string_view text, const std::string& label) {
   check_weight_map(c, c.field(root, "weight_map", json::value_t::object, where), jtensors,
                    m.tensors);
   return m;
+}
+
+void check_metadata_writable(const nlohmann::json& metadata) {
+  // Under the manifest, metadata sits one level down (the manifest object itself).
+  const size_t depth = json_depth(metadata);
+  if (depth + 1 > kMaxJsonDepth) {
+    throw_error(ErrorCode::kInvalidArgument, "metadata nests " + std::to_string(depth) +
+                                                 " levels deep; snapshots allow " +
+                                                 std::to_string(kMaxJsonDepth - 1));
+  }
+  std::string text;
+  try {
+    text = metadata.dump();
+  } catch (const json::exception& e) {
+    throw_error(ErrorCode::kInvalidArgument,
+                "metadata cannot be written as JSON: " + printable(e.what(), 200));
+  }
+  if (text.size() > kMaxManifestBytes / 2) {
+    throw_error(ErrorCode::kInvalidArgument, "metadata takes " + std::to_string(text.size()) +
+                                                 " bytes as JSON; snapshots allow " +
+                                                 std::to_string(kMaxManifestBytes / 2));
+  }
+  const std::string problem = json_bounds_problem(text, kMaxJsonDepth - 1);
+  if (!problem.empty()) throw_error(ErrorCode::kInvalidArgument, "metadata refused: " + problem);
+}
+
+void check_manifest_readable(std::string_view text) {
+  if (text.size() > kMaxManifestBytes) {
+    throw_error(ErrorCode::kInvalidArgument,
+                "the manifest would take " + std::to_string(text.size()) +
+                    " bytes, more than readers accept (" + std::to_string(kMaxManifestBytes) +
+                    "): save fewer tensors or less metadata per snapshot");
+  }
+  const std::string problem = json_bounds_problem(text);
+  if (!problem.empty()) {
+    throw_error(ErrorCode::kInvalidArgument,
+                "the manifest would be refused by readers: " + problem);
+  }
 }
 
 }  // namespace tsnap::format

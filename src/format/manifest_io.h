@@ -10,8 +10,25 @@
 
 namespace tsnap::format {
 
-/// Largest MANIFEST.json read_manifest accepts (1 GiB), so a hostile file cannot exhaust memory.
-inline constexpr uint64_t kMaxManifestBytes = 1ull << 30;
+/// Largest MANIFEST.json read_manifest accepts (256 MiB: about 700,000 tensors), so a hostile
+/// file cannot exhaust memory; with the bounds of format/json_bounds.h its DOM stays under ~1 GiB.
+inline constexpr uint64_t kMaxManifestBytes = 256ull << 20;
+
+/// Throws InvalidArgument unless user `metadata` can be written and read back: valid UTF-8
+/// strings, nesting within the reader's bound once under the manifest's "metadata" key, and
+/// a serialised size within kMaxManifestBytes. Saves call it before anything is written.
+void check_metadata_writable(const nlohmann::json& metadata);
+
+/// Throws InvalidArgument when `text`, a manifest about to be committed, breaks a bound that
+/// read_manifest enforces (size, nesting, values, NUL): the writer never commits what its own
+/// reader rejects.
+void check_manifest_readable(std::string_view text);
+
+struct SnapshotDir;
+
+/// Reads and parses the MANIFEST.json of `dir` (opened relative to it). Errors: as
+/// tsnap::read_manifest.
+Manifest read_manifest_in(const SnapshotDir& dir);
 
 /// The manifest as JSON (deterministic field order, tensors sorted by name).
 /// Errors: InvalidArgument for duplicate tensor or file names, an unsupported dtype or metadata

@@ -13,7 +13,9 @@
 
 #include "common/shape.h"
 #include "format/dtype.h"
+#include "format/json_bounds.h"
 #include "format/json_writer.h"
+#include "format/open_file.h"
 #include "io/fd.h"
 #include "tsnap/error.h"
 
@@ -75,6 +77,11 @@ HeaderTensor parse_tensor(const std::string& file, const std::string& name, cons
   t.dtype = parse_dtype(dtype.get_ref<const std::string&>(), "" + file + ": " + where);
 
   const auto& shape = get_field(file, where, entry, "shape", json::value_t::array);
+  if (shape.size() > kMaxDims) {
+    fail(ErrorCode::kBadHeader, file,
+         where + ": \"shape\" has " + std::to_string(shape.size()) + " dimensions, more than " +
+             std::to_string(kMaxDims));
+  }
   t.shape.reserve(shape.size());
   for (const auto& d : shape) {
     const size_t i = t.shape.size();
@@ -265,10 +272,13 @@ Header parse_header(const std::string& file, std::string_view bytes, uint64_t fi
              " header bytes were read");
   }
   json root;
+  // Bounded (format/json_bounds.h): no NUL byte, nesting and value count capped.
   try {
-    root = json::parse(bytes.substr(8, h.data_offset - 8));
+    root = parse_bounded_json(bytes.substr(8, h.data_offset - 8));
   } catch (const json::exception& e) {
     fail(ErrorCode::kBadHeader, file, "header is not valid JSON: " + printable(e.what(), 200));
+  } catch (const std::invalid_argument& e) {
+    fail(ErrorCode::kBadHeader, file, std::string("header is not bounded JSON: ") + e.what());
   }
   if (!root.is_object()) {
     fail(ErrorCode::kBadHeader, file,
@@ -290,30 +300,19 @@ Header parse_header(const std::string& file, std::string_view bytes, uint64_t fi
   return h;
 }
 
+Header read_header(int fd, uint64_t size, const std::string& label) {
+  std::string bytes(std::min<uint64_t>(size, 8), '\0');
+  read_exact(label, fd, bytes.data(), bytes.size(), 0);
+  const uint64_t data_offset = parse_length_prefix(label, bytes, size);
+  bytes.resize(data_offset);
+  read_exact(label, fd, bytes.data() + 8, data_offset - 8, 8);
+  return parse_header(label, bytes, size);
+}
+
 Header read_header(const std::filesystem::path& path) {
   const std::string name = path.string();
-  int err = 0;
-  const io::UniqueFd f = io::open_fd(name, O_RDONLY, 0, &err);
-  if (err < 0) {
-    const int e = -err;
-    throw_error(e == ENOENT ? ErrorCode::kNotFound : ErrorCode::kIo,
-                "cannot open " + name + ": " + std::strerror(e), e);
-  }
-  struct stat st {};
-  if (::fstat(f.get(), &st) != 0) {
-    const int e = errno;
-    throw_error(ErrorCode::kIo, "fstat " + name + " failed: " + std::strerror(e), e);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    throw_error(ErrorCode::kIo, "" + name + " is not a regular file");
-  }
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
-  std::string bytes(std::min<uint64_t>(size, 8), '\0');
-  read_exact(name, f.get(), bytes.data(), bytes.size(), 0);
-  const uint64_t data_offset = parse_length_prefix(name, bytes, size);
-  bytes.resize(data_offset);
-  read_exact(name, f.get(), bytes.data() + 8, data_offset - 8, 8);
-  return parse_header(name, bytes, size);
+  const OpenedFile opened = open_snapshot_file(io::kAtCwd, name, name, "shard");
+  return read_header(opened.fd.get(), opened.size(), name);
 }
 
 }  // namespace tsnap::format

@@ -16,6 +16,9 @@ namespace tsnap::format {
 
 /// Data alignment of v1 shards (and the O_DIRECT block size tsnap uses).
 inline constexpr uint64_t kAlignment = 4096;
+/// Largest chunk a snapshot may use (1 GiB): writers refuse bigger ones, readers reject them
+/// (an engine transfer reports its length as an int, and a chunk is read into one buffer).
+inline constexpr uint64_t kMaxChunkBytes = 1ull << 30;
 /// Largest header a reader accepts (the safetensors reference caps at 100 MB too).
 inline constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
 
@@ -58,8 +61,12 @@ uint64_t parse_length_prefix(const std::string& file, std::string_view prefix, u
 /// holes (kBadOffsets).
 Header parse_header(const std::string& file, std::string_view bytes, uint64_t file_size);
 
-/// Opens `path`, reads and parses its header. Errors: those of parse_header (naming `path`);
-/// IoError(kNotFound) when the file is missing; IoError(kIo) when it cannot be read.
+/// Reads and parses the header of the open file `fd` of `size` bytes (`label` names it).
+/// Errors: those of parse_header; IoError(kIo) when it cannot be read.
+Header read_header(int fd, uint64_t size, const std::string& label);
+
+/// Opens `path` (as format/open_file.h opens snapshot files) and reads its header. Errors: those
+/// of read_header and open_snapshot_file.
 Header read_header(const std::filesystem::path& path);
 
 }  // namespace tsnap::format

@@ -62,10 +62,32 @@ int write_and_wait(Engine& engine, int fd, const void* buf, size_t len, uint64_t
   return rc;
 }
 
+namespace {
+
+// A probe file: unnamed (O_TMPFILE) where the filesystem allows it, so a process killed while
+// probing leaves nothing behind; else a named one, which the next writer alone on the root
+// removes (kDirectProbePrefix). -errno when neither can be created.
+int open_probe(Engine& engine, const std::string& dir, std::string* named) {
+  const int fd = engine.open(dir, O_TMPFILE | O_WRONLY, 0600);
+  if (fd >= 0) {
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags >= 0 && ::fcntl(fd, F_SETFL, flags | O_DIRECT) == 0) return fd;
+    engine.close(fd);
+    return -EINVAL;  // the filesystem refuses O_DIRECT
+  }
+  *named = dir + "/" + kDirectProbePrefix + std::to_string(::getpid());
+  return engine.open(*named, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
+}
+
+}  // namespace
+
 bool probe_direct_io(Engine& engine, const std::string& dir) {
-  const std::string path = dir + "/.tsnap-direct-probe-" + std::to_string(::getpid());
-  const int fd = engine.open(path, O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT, 0644);
-  if (fd < 0) return false;
+  std::string named;
+  const int fd = open_probe(engine, dir, &named);
+  if (fd < 0) {
+    if (!named.empty()) ::unlink(named.c_str());
+    return false;
+  }
   void* buf = nullptr;
   bool ok = false;
   if (posix_memalign(&buf, 4096, 4096) == 0) {
@@ -74,7 +96,7 @@ bool probe_direct_io(Engine& engine, const std::string& dir) {
     std::free(buf);
   }
   engine.close(fd);
-  ::unlink(path.c_str());
+  if (!named.empty()) ::unlink(named.c_str());
   return ok;
 }
 

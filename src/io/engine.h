@@ -102,8 +102,12 @@ std::shared_ptr<Engine> make_uring_engine(boost::asio::io_context& io, unsigned 
 /// Writes through `engine` and waits for the completion: 0 or -errno.
 int write_and_wait(Engine& engine, int fd, const void* buf, size_t len, uint64_t offset);
 
-/// True when `dir`'s filesystem accepts O_DIRECT writes through `engine` (probed with a small
-/// temporary file that is removed again).
+/// Name prefix of the probe file probe_direct_io creates where O_TMPFILE is unsupported (a
+/// process killed meanwhile leaves `<dir>/.tsnap-direct-probe-<pid>`; writers remove them).
+inline constexpr char kDirectProbePrefix[] = ".tsnap-direct-probe-";
+
+/// True when `dir`'s filesystem accepts O_DIRECT writes through `engine` (probed with an
+/// unnamed O_TMPFILE file where supported, else a small named file that is removed again).
 bool probe_direct_io(Engine& engine, const std::string& dir);
 
 }  // namespace tsnap::io

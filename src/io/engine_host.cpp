@@ -74,7 +74,7 @@ std::unique_ptr<EngineHost> host_for_save(const EngineRequest& request, bool dir
     if (!host->engine_ && request.kind == EngineKind::kUring) no_uring(why);
     if (host->engine_) {
       host->direct_ = direct_io && probe_direct_io(*host->engine_, dir);
-      // kAuto: where O_DIRECT is refused (tmpfs), the pwrite engine serves as well.
+      // kAuto: where O_DIRECT is refused (older tmpfs, some FUSE and network filesystems), the pwrite engine serves as well.
       if (!host->direct_ && request.kind == EngineKind::kAuto && direct_io) {
         host->engine_.reset();
         host->thread_.reset();

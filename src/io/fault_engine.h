@@ -12,7 +12,7 @@
 namespace tsnap::io {
 
 struct Faults {
-  int fail_write = 0;       ///< Fail the Nth write with `error`.
+  int fail_write = 0;  ///< Fail the Nth write with `error`.
   int fail_read = 0;
   int fail_fsync = 0;
   int fail_rename = 0;
@@ -20,7 +20,7 @@ struct Faults {
   int fail_ftruncate = 0;
   int fail_mkdir = 0;
   int fail_fsync_dir = 0;
-  uint64_t space_bytes = 0; ///< >0: writes past this many bytes in total fail with -ENOSPC.
+  uint64_t space_bytes = 0;  ///< >0: writes past this many bytes in total fail with -ENOSPC.
   int error = EIO;
 };
 

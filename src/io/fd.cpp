@@ -18,13 +18,34 @@ int UniqueFd::close() {
   return rc < 0 ? -errno : 0;
 }
 
-UniqueFd open_fd(const std::string& path, int flags, mode_t mode, int* err) {
+static_assert(AT_FDCWD == kAtCwd, "kAtCwd must be AT_FDCWD");
+
+UniqueFd open_fd(const std::string& path, int flags, mode_t mode, int* err, int dirfd) {
   int fd;
   do {
-    fd = ::open(path.c_str(), flags | O_CLOEXEC, mode);
+    fd = ::openat(dirfd, path.c_str(), flags | O_CLOEXEC, mode);
   } while (fd < 0 && errno == EINTR);
   *err = fd < 0 ? -errno : 0;
   return UniqueFd(fd);
+}
+
+UniqueFd open_for_reading(const std::string& path, int extra_flags, struct stat* st, int* err,
+                          int dirfd) {
+  UniqueFd fd = open_fd(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | extra_flags, 0, err, dirfd);
+  if (!fd.valid()) return fd;
+  if (::fstat(fd.get(), st) != 0) {
+    *err = -errno;
+    return UniqueFd();
+  }
+  if (S_ISREG(st->st_mode)) {
+    const int flags = ::fcntl(fd.get(), F_GETFL);
+    if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) {
+      *err = -errno;
+      return UniqueFd();
+    }
+  }
+  *err = 0;
+  return fd;
 }
 
 int64_t read_full(int fd, void* buf, size_t len, uint64_t offset) {

@@ -3,6 +3,7 @@
 // on every path, throw paths included) and a full positional read.
 // Thread-safety: a UniqueFd is used by one owner; read_full may run concurrently on one fd.
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <cstddef>
@@ -11,6 +12,9 @@
 #include <utility>
 
 namespace tsnap::io {
+
+/// AT_FDCWD (checked in fd.cpp), so that this header needs no <fcntl.h>.
+inline constexpr int kAtCwd = -100;
 
 /// Owns a file descriptor; closes it on destruction. Move-only. -1 (or any negative) is empty.
 class UniqueFd {
@@ -41,9 +45,16 @@ class UniqueFd {
   int fd_ = -1;
 };
 
-/// open(2) with O_CLOEXEC, retried on EINTR: the descriptor, or an empty one and `*err` set to
-/// -errno.
-UniqueFd open_fd(const std::string& path, int flags, mode_t mode, int* err);
+/// openat(2) with O_CLOEXEC, retried on EINTR: the descriptor, or an empty one and `*err` set
+/// to -errno. `path` is relative to `dirfd` (AT_FDCWD: the working directory) unless absolute.
+UniqueFd open_fd(const std::string& path, int flags, mode_t mode, int* err, int dirfd = kAtCwd);
+
+/// Opens `path` read-only (plus `extra_flags`, e.g. O_DIRECT) the way snapshot files are
+/// opened: never following a symbolic link in the last component (-ELOOP), never blocking on a
+/// FIFO or device (O_NONBLOCK, cleared again for regular files), and `*st` set by fstat so the
+/// caller can refuse anything but a regular file. On failure the fd is empty and `*err` -errno.
+UniqueFd open_for_reading(const std::string& path, int extra_flags, struct stat* st, int* err,
+                          int dirfd = kAtCwd);
 
 /// Reads `len` bytes at `offset` with pread, retrying EINTR and short reads. Returns the bytes
 /// read (fewer than `len` only at end of file) or -errno.

@@ -1,5 +1,5 @@
 // The fallback engine: a pool of threads calling pwrite/pread. Used where io_uring or O_DIRECT
-// is refused (tmpfs, seccomp), and as the reference engine in the engine test suite.
+// is refused (older tmpfs, seccomp), and as the reference engine in the engine test suite.
 
 #include <unistd.h>
 

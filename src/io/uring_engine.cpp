@@ -71,8 +71,8 @@ class UringEngine final : public Engine {
 
   void write(int fd, const void* buf, size_t len, uint64_t offset, int buf_index,
              Done done) override {
-    submit(new Request{true, fd, static_cast<char*>(const_cast<void*>(buf)), len, offset,
-                       buf_index, 0, std::move(done)});
+    submit(new Request{true, fd, static_cast<char*>(const_cast<void*>(buf)), len, offset, buf_index,
+                       0, std::move(done)});
   }
 
   void read(int fd, void* buf, size_t len, uint64_t offset, int buf_index, Done done) override {

@@ -48,7 +48,8 @@ void write_file_durably(io::Engine& engine, const std::string& path, const std::
 }  // namespace
 
 uint64_t commit_directory(io::Engine& engine, const CommitPaths& paths,
-                          const std::string& manifest_text, bool overwrite) {
+                          const std::string& manifest_text, bool overwrite,
+                          std::string* leftover) {
   const std::string manifest = paths.temporary + "/" + kManifestName;
   write_file_durably(engine, manifest, manifest_text);
   check(engine.fsync_dir(paths.temporary), "fsync directory " + paths.temporary);
@@ -65,7 +66,11 @@ uint64_t commit_directory(io::Engine& engine, const CommitPaths& paths,
   // From here on the snapshot is committed; a failing root fsync is still reported, since the
   // rename may not survive a power loss.
   const int sync_rc = engine.fsync_dir(paths.root);
-  if (replace) remove_temporary(paths.temporary);  // the old snapshot now lives there
+  // The old snapshot now lives under the temporary name; if it cannot be removed (permissions),
+  // the save still succeeded, and the next writer alone on the root tries again.
+  if (replace && detail::remove_tree(paths.temporary) != 0 && leftover) {
+    *leftover = paths.temporary;
+  }
   check(sync_rc, "fsync directory " + paths.root);
   return manifest_text.size();
 }

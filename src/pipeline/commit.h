@@ -18,10 +18,15 @@ struct CommitPaths {
 /// directory (shard files are already fsynced and closed), fsyncs it and the directory, moves
 /// the directory to its final name (atomically swapping with an existing snapshot when
 /// `overwrite`), fsyncs the root, and removes the replaced snapshot. Returns the manifest's size.
-/// Throws IoError naming the step and path, or Error(kAlreadyExists); on a throw, no committed
-/// directory was created or changed.
+/// Throws IoError naming the step and path, or Error(kAlreadyExists). A throw before the rename
+/// leaves no committed directory created or changed; only the root fsync comes after it, and a
+/// failure there is still reported (the snapshot is in place but its rename may not survive a
+/// power loss).
+/// `*leftover` (when given) is set to the temporary path of a replaced snapshot that could not
+/// be removed.
 uint64_t commit_directory(io::Engine& engine, const CommitPaths& paths,
-                          const std::string& manifest_text, bool overwrite);
+                          const std::string& manifest_text, bool overwrite,
+                          std::string* leftover = nullptr);
 
 /// Removes a temporary directory and everything in it; never throws.
 void remove_temporary(const std::string& path) noexcept;

@@ -9,6 +9,7 @@
 
 #include "common/sys_error.h"
 #include "format/layout.h"
+#include "io/engine.h"
 #include "pipeline/commit.h"
 
 namespace tsnap::pipeline {
@@ -28,7 +29,13 @@ int remove_temporaries(const fs::path& root) {
   int removed = 0;
   std::error_code ec;
   for (const fs::directory_entry& entry : fs::directory_iterator(root, ec)) {
-    if (!format::is_temporary(entry.path().filename().string())) continue;
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(io::kDirectProbePrefix, 0) == 0 && entry.is_regular_file(ec) &&
+        !entry.is_symlink(ec)) {
+      ::unlink(entry.path().c_str());  // a probe file of a writer killed while probing
+      continue;
+    }
+    if (!format::is_temporary(name)) continue;
     if (!entry.is_directory(ec) || entry.is_symlink(ec)) continue;
     remove_temporary(entry.path().string());
     ++removed;

@@ -180,6 +180,7 @@ void SaveJob::finish() {
     error = error_;
   }
   uint64_t manifest_bytes = 0;
+  std::string leftover;
   io::Engine& engine = res_.host->engine();
   // Step 2 of the protocol (commit.cpp): exact sizes, fsync, close every shard.
   for (size_t f = 0; f < fds_.size(); ++f) {
@@ -199,7 +200,7 @@ void SaveJob::finish() {
   fds_.clear();
   if (!error) {
     try {
-      manifest_bytes = commit_directory(engine, paths_, manifest_text(), overwrite_);
+      manifest_bytes = commit_directory(engine, paths_, manifest_text(), overwrite_, &leftover);
     } catch (...) {
       error = std::current_exception();
     }
@@ -212,6 +213,7 @@ void SaveJob::finish() {
     s.write_s = last_write_ns_ > first_write_ns_ ? (last_write_ns_ - first_write_ns_) / 1e9 : 0;
     s.total_s = seconds(Clock::now() - started_);
     s.bytes = plan_.total_bytes + manifest_bytes;
+    s.leftover = std::move(leftover);
   }
   // Whatever a next save could need (the in-flight slot; the staging buffers went back as their
   // writes completed) is released before the handle completes: once wait() returns or an
@@ -242,7 +244,9 @@ std::string SaveJob::manifest_text() const {
   }
   std::sort(m.tensors.begin(), m.tensors.end(),
             [](const TensorRecord& a, const TensorRecord& b) { return a.name < b.name; });
-  return format::manifest_to_text(m);
+  std::string text = format::manifest_to_text(m);
+  format::check_manifest_readable(text);
+  return text;
 }
 
 }  // namespace tsnap::pipeline

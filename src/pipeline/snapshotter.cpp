@@ -13,6 +13,8 @@
 
 #include "common/sys_error.h"
 #include "format/layout.h"
+#include "format/manifest_io.h"
+#include "format/safetensors.h"
 #include "pipeline/resources.h"
 #include "pipeline/root_lock.h"
 #include "pipeline/save_job.h"
@@ -45,10 +47,11 @@ Snapshotter::Impl::Impl(SnapshotterOptions options) {
   if (o.root.empty()) {
     throw_error(ErrorCode::kInvalidArgument, "SnapshotterOptions::root is empty");
   }
-  if (o.chunk_bytes == 0 || o.chunk_bytes % 4096 != 0) {
-    throw_error(
-        ErrorCode::kInvalidArgument,
-        "chunk_bytes must be a positive multiple of 4096, not " + std::to_string(o.chunk_bytes));
+  if (o.chunk_bytes == 0 || o.chunk_bytes % 4096 != 0 || o.chunk_bytes > format::kMaxChunkBytes) {
+    throw_error(ErrorCode::kInvalidArgument,
+                "chunk_bytes must be a positive multiple of 4096 up to " +
+                    std::to_string(format::kMaxChunkBytes) + ", not " +
+                    std::to_string(o.chunk_bytes));
   }
   if (o.max_in_flight < 1) {
     throw_error(ErrorCode::kInvalidArgument, "max_in_flight must be >= 1");
@@ -133,6 +136,7 @@ SaveHandle Snapshotter::save_async(const std::string& name, const StateDict& sta
     throw_error(ErrorCode::kInvalidArgument,
                 std::string("metadata must be a JSON object, not ") + metadata.type_name());
   }
+  format::check_metadata_writable(metadata);
   pipeline::Resources& res = impl_->res;
   const uint64_t chunk = options.chunk_bytes ? options.chunk_bytes : res.options.chunk_bytes;
   if (chunk > res.pool->buffer_bytes()) {

@@ -66,9 +66,11 @@ at::ScalarType stored_dtype(const std::string& key, const StateEntry& entry,
 
 Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chunk_bytes,
                const std::string& id, int max_auto_shards) {
-  if (chunk_bytes == 0 || chunk_bytes % format::kAlignment != 0) {
+  if (chunk_bytes == 0 || chunk_bytes % format::kAlignment != 0 ||
+      chunk_bytes > format::kMaxChunkBytes) {
     throw_error(ErrorCode::kInvalidArgument, "chunk size " + std::to_string(chunk_bytes) +
-                                                 " is not a positive multiple of 4096");
+                                                 " is not a positive multiple of 4096 up to " +
+                                                 std::to_string(format::kMaxChunkBytes));
   }
   if (options.num_shards < 0) {
     throw_error(ErrorCode::kInvalidArgument, "num_shards must be >= 0");
@@ -92,6 +94,15 @@ Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chun
     if (t.layout() != at::kStrided || t.is_quantized()) {
       throw_error(ErrorCode::kInvalidArgument,
                   "tensor '" + key + "' is sparse or quantized; save it dense");
+    }
+    if (t.is_meta()) {
+      throw_error(ErrorCode::kInvalidArgument,
+                  "tensor '" + key + "' is on the meta device and has no data to save");
+    }
+    if (static_cast<size_t>(t.dim()) > format::kMaxDims) {
+      throw_error(ErrorCode::kInvalidArgument,
+                  "tensor '" + key + "' has " + std::to_string(t.dim()) +
+                      " dimensions, more than the format's " + std::to_string(format::kMaxDims));
     }
     if (entry.shard) check_shard(key, t, *entry.shard);
     const at::ScalarType dtype = stored_dtype(key, entry, options);

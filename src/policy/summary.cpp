@@ -38,6 +38,9 @@ std::string snapshot_line(const SnapshotRecord& r) {
   for (size_t i = 0; i < r.deleted.size(); ++i) {
     line += (i == 0 ? "; deleted " : ", ") + r.deleted[i];
   }
+  if (!s.leftover.empty()) {
+    line += "; could not remove the replaced snapshot, left as " + s.leftover;
+  }
   return line;
 }
 

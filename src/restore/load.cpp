@@ -3,13 +3,18 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 
 #include "common/glob.h"
 #include "format/dtype.h"
+#include "format/manifest_io.h"
+#include "format/open_file.h"
 #include "restore/read_chunks.h"
 #include "restore/read_plan.h"
+#include "restore/read_snapshot.h"
 #include "restore/shard_reader.h"
 #include "tsnap/error.h"
 
@@ -50,38 +55,76 @@ std::optional<std::string> mismatch(const TensorRecord& r, const at::Tensor& des
   return std::nullopt;
 }
 
+// Every file that holds one of `keys` exists with the size the manifest gives it (the full
+// checks of each shard follow when it is opened for reading).
+void check_file_sizes(const format::SnapshotDir& dir, const Manifest& m,
+                      const restore::RecordIndex& index, const std::vector<std::string>& keys) {
+  std::map<std::string, uint64_t> sizes;
+  for (const FileRecord& f : m.files) sizes.emplace(f.name, f.size);
+  std::set<std::string> checked;
+  for (const std::string& k : keys) {
+    const std::string& file = index.at(k)->file;
+    if (!checked.insert(file).second) continue;
+    const std::string path = dir.label(file);
+    const format::OpenedFile opened = format::open_snapshot_file(dir, file, "shard");
+    if (opened.size() != sizes.at(file)) {
+      throw_error(ErrorCode::kTruncated, "shard " + path + " is " + std::to_string(opened.size()) +
+                                             " bytes, the manifest says " +
+                                             std::to_string(sizes.at(file)));
+    }
+  }
+}
+
+// A new tensor for `r`; an allocation failure becomes a tsnap error naming the tensor.
+at::Tensor allocate(const TensorRecord& r) {
+  try {
+    return at::empty(r.shape, at::TensorOptions().dtype(r.dtype));
+  } catch (const std::exception& e) {
+    throw_error(ErrorCode::kUnsupported, "cannot allocate tensor '" + r.name + "' (" +
+                                             std::to_string(r.end - r.begin) +
+                                             " bytes): " + e.what());
+  }
+}
+
 }  // namespace
 
 StateDict load(const std::filesystem::path& path, const LoadOptions& options) {
-  const Manifest m = read_manifest(path);
-  const restore::RecordIndex index = restore::index_records(m);
-  const std::vector<std::string> keys =
-      detail::select_keys(record_names(m), options.include, options.exclude, /*strict=*/false);
-  std::vector<at::Tensor> out;
-  std::vector<restore::Target> targets;
-  out.reserve(keys.size());
-  for (const std::string& k : keys) {
-    const TensorRecord* r = index.at(k);
-    out.push_back(at::empty(r->shape, at::TensorOptions().dtype(r->dtype)));
-    targets.push_back({r, out.back().data_ptr(), r->dtype});
-  }
-  LoadOptions streaming = options;
-  streaming.atomic = false;  // new tensors: a failed load returns nothing anyway
-  restore::read_chunks(path, m, targets, restore::plan_reads(m, targets, options.verify), streaming,
-                       /*in_place=*/false);
+  return restore::read_snapshot(path, [&](const format::SnapshotDir& dir) {
+    const Manifest m = format::read_manifest_in(dir);
+    const restore::RecordIndex index = restore::index_records(m);
+    const std::vector<std::string> keys =
+        detail::select_keys(record_names(m), options.include, options.exclude, /*strict=*/false);
+    std::vector<at::Tensor> out;
+    std::vector<restore::Target> targets;
+    out.reserve(keys.size());
+    // The manifest's sizes are believed only once the files are there with those sizes: a
+    // manifest claiming a 1 TiB tensor over a small shard fails here, before any allocation.
+    check_file_sizes(dir, m, index, keys);
+    for (const std::string& k : keys) {
+      const TensorRecord* r = index.at(k);
+      out.push_back(allocate(*r));
+      targets.push_back({r, out.back().data_ptr(), r->dtype});
+    }
+    LoadOptions streaming = options;
+    streaming.atomic = false;  // new tensors: a failed load returns nothing anyway
+    restore::read_chunks(dir, m, targets, restore::plan_reads(m, targets, options.verify),
+                         streaming, /*in_place=*/false);
 
-  StateDict result;
-  for (size_t i = 0; i < targets.size(); ++i) {
-    StateEntry& e = result.insert(keys[i], std::move(out[i]));
-    e.shard = targets[i].record->shard;
-  }
-  return result;
+    StateDict result;
+    for (size_t i = 0; i < targets.size(); ++i) {
+      StateEntry& e = result.insert(keys[i], std::move(out[i]));
+      e.shard = targets[i].record->shard;
+    }
+    return result;
+  });
 }
 
-LoadReport load_into(const std::filesystem::path& path, StateDict& dest,
-                     const LoadOptions& options) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const Manifest m = read_manifest(path);
+namespace {
+
+LoadReport load_into_dir(const format::SnapshotDir& dir, StateDict& dest,
+                         const LoadOptions& options, std::chrono::steady_clock::time_point t0) {
+  const std::filesystem::path& path = dir.path;
+  const Manifest m = format::read_manifest_in(dir);
   const restore::RecordIndex index = restore::index_records(m);
   const std::vector<std::string> keys =
       detail::select_keys(dest.keys(), options.include, options.exclude, /*strict=*/false);
@@ -125,9 +168,8 @@ LoadReport load_into(const std::filesystem::path& path, StateDict& dest,
        detail::select_keys(record_names(m), options.include, options.exclude, false)) {
     if (!dest.contains(k)) report.not_in_destination.push_back(k);
   }
-  const restore::ReadStats stats =
-      restore::read_chunks(path, m, targets, restore::plan_reads(m, targets, options.verify),
-                           options, /*in_place=*/true);
+  const restore::ReadStats stats = restore::read_chunks(
+      dir, m, targets, restore::plan_reads(m, targets, options.verify), options, /*in_place=*/true);
   report.loaded = keys;
   report.bytes_read = stats.bytes;
   report.engine = stats.engine;
@@ -135,30 +177,48 @@ LoadReport load_into(const std::filesystem::path& path, StateDict& dest,
   return report;
 }
 
+}  // namespace
+
+LoadReport load_into(const std::filesystem::path& path, StateDict& dest,
+                     const LoadOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  return restore::read_snapshot(
+      path, [&](const format::SnapshotDir& dir) { return load_into_dir(dir, dest, options, t0); });
+}
+
 std::vector<BadChunk> verify(const std::filesystem::path& path) {
-  const Manifest m = read_manifest(path);
-  std::vector<BadChunk> bad;
-  for (const FileRecord& f : m.files) {
-    std::unique_ptr<restore::ShardReader> reader;
-    try {
-      reader = std::make_unique<restore::ShardReader>(path, f, m);
-    } catch (const Error& e) {
-      bad.push_back({f.name, 0, 0, e.what()});
-      continue;
-    }
-    std::vector<uint8_t> buf(reader->chunk_length(0));
-    for (uint64_t c = 0; c < f.chunk_hashes.size(); ++c) {
+  return restore::read_snapshot(path, [](const format::SnapshotDir& dir) {
+    const Manifest m = format::read_manifest_in(dir);
+    // Every shard is opened first: a shard gone because the name was overwritten meanwhile
+    // starts the verification over on the new snapshot instead of reporting it.
+    std::vector<std::unique_ptr<restore::ShardReader>> readers(m.files.size());
+    std::vector<BadChunk> bad;
+    for (size_t i = 0; i < m.files.size(); ++i) {
       try {
-        const uint64_t len = reader->read_chunk(c, buf.data(), /*verify=*/false);
-        if (!reader->chunk_ok(c, buf.data(), len)) {
-          bad.push_back({f.name, c, c * f.chunk_bytes, "hash mismatch"});
-        }
+        readers[i] = std::make_unique<restore::ShardReader>(dir, m.files[i], m);
       } catch (const Error& e) {
-        bad.push_back({f.name, c, c * f.chunk_bytes, e.what()});
+        if (restore::lost_to_overwrite(e, dir)) throw;
+        bad.push_back({m.files[i].name, 0, 0, e.what()});
       }
     }
-  }
-  return bad;
+    for (size_t i = 0; i < m.files.size(); ++i) {
+      if (!readers[i]) continue;
+      const FileRecord& f = m.files[i];
+      restore::ShardReader& reader = *readers[i];
+      std::vector<uint8_t> buf(reader.chunk_length(0));
+      for (uint64_t c = 0; c < f.chunk_hashes.size(); ++c) {
+        try {
+          const uint64_t len = reader.read_chunk(c, buf.data(), /*verify=*/false);
+          if (!reader.chunk_ok(c, buf.data(), len)) {
+            bad.push_back({f.name, c, c * f.chunk_bytes, "hash mismatch"});
+          }
+        } catch (const Error& e) {
+          bad.push_back({f.name, c, c * f.chunk_bytes, e.what()});
+        }
+      }
+    }
+    return bad;
+  });
 }
 
 }  // namespace tsnap

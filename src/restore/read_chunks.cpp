@@ -20,6 +20,7 @@
 
 #include "common/sys_error.h"
 #include "format/convert.h"
+#include "format/safetensors.h"
 #include "io/engine_host.h"
 #include "io/fd.h"
 #include "restore/shard_reader.h"
@@ -28,10 +29,10 @@
 namespace tsnap::restore {
 namespace {
 
-constexpr uint64_t kAlign = 4096;           // O_DIRECT length and buffer alignment
-constexpr uint64_t kMaxChunk = 1ull << 30;  // engine reads report their length as an int
-constexpr double kMostlyCached = 0.5;       // read such a file through the page cache
-constexpr size_t kMaxNamed = 100;           // names listed in a mid-stream error
+constexpr uint64_t kAlign = 4096;                       // O_DIRECT length and buffer alignment
+constexpr uint64_t kMaxChunk = format::kMaxChunkBytes;  // engine reads report an int length
+constexpr double kMostlyCached = 0.5;                   // read such a file through the page cache
+constexpr size_t kMaxNamed = 100;                       // names listed in a mid-stream error
 
 uint64_t align_up(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
@@ -277,7 +278,7 @@ std::string written_note(const std::vector<Target>& targets,
 
 }  // namespace
 
-ReadStats read_chunks(const std::filesystem::path& dir, const Manifest& manifest,
+ReadStats read_chunks(const format::SnapshotDir& dir, const Manifest& manifest,
                       const std::vector<Target>& targets, const ReadPlan& plan,
                       const LoadOptions& options, bool in_place) {
   ReadStats stats;
@@ -310,10 +311,21 @@ ReadStats read_chunks(const std::filesystem::path& dir, const Manifest& manifest
   bool direct = options.direct_io;
   for (OpenShard& s : shards) {
     if (!direct || s.reader->cached_fraction() >= kMostlyCached) continue;
+    // The same file again (even if the name was overwritten and it is unlinked since), now
+    // with O_DIRECT: through /proc/self/fd where mounted, else relative to the directory.
     int err = 0;
-    s.direct = io::open_fd(s.reader->path(), O_RDONLY | O_DIRECT, 0, &err);
+    s.direct = io::open_fd("/proc/self/fd/" + std::to_string(s.reader->fd()), O_RDONLY | O_DIRECT,
+                           0, &err);
+    if (err == -ENOENT) {
+      struct stat st {};
+      s.direct = io::open_for_reading(s.reader->file().name, O_DIRECT, &st, &err, dir.fd.get());
+      if (err == -ENOENT) {
+        throw_error(ErrorCode::kNotFound, "shard " + s.reader->path() + " does not exist", ENOENT);
+      }
+    }
     if (err == -EINVAL) {
-      direct = false;  // the filesystem refuses O_DIRECT (tmpfs): read through the cache
+      direct = false;  // the filesystem refuses O_DIRECT (older tmpfs, some network
+                       // filesystems): read through the page cache
     } else if (err < 0) {
       detail::throw_sys_error(err, "open " + s.reader->path() + " with O_DIRECT");
     }

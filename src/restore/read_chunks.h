@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "format/open_file.h"
 #include "restore/read_plan.h"
 #include "tsnap/load.h"
 
@@ -34,7 +35,7 @@ struct ReadStats {
 /// Uses options.verify, atomic, read_budget_bytes, engine, direct_io and io_threads (the engine
 /// comes from io::host_for_load). `in_place`: the targets are the caller's tensors, so a mid-stream
 /// error names those already written. Errors: as tsnap::load_into.
-ReadStats read_chunks(const std::filesystem::path& dir, const Manifest& manifest,
+ReadStats read_chunks(const format::SnapshotDir& dir, const Manifest& manifest,
                       const std::vector<Target>& targets, const ReadPlan& plan,
                       const LoadOptions& options, bool in_place);
 

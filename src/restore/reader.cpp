@@ -1,6 +1,8 @@
-// The lazy reader: each shard is opened, checked against the manifest (ShardReader) and mapped
-// privately (copy-on-write) on first use; tensors are views of the mapping whose deleter keeps
-// the reader's state alive; verified chunks are remembered so each is hashed at most once.
+// The lazy reader: each shard is opened (relative to the snapshot directory opened with the
+// reader, so it reads the tree it was opened on), checked against the manifest (ShardReader)
+// and mapped privately (copy-on-write) on first use; tensors
+// are views of the mapping whose deleter keeps the reader's state alive; verified chunks are
+// remembered so each is hashed at most once.
 
 #include "tsnap/reader.h"
 
@@ -12,7 +14,9 @@
 #include <unordered_map>
 
 #include "common/sys_error.h"
+#include "format/manifest_io.h"
 #include "restore/read_plan.h"
+#include "restore/read_snapshot.h"
 #include "restore/shard_reader.h"
 #include "tsnap/error.h"
 
@@ -34,7 +38,7 @@ struct Mapping {
 }  // namespace
 
 struct SnapshotReader::Impl {
-  std::filesystem::path dir;
+  format::SnapshotDir dir;  // its own descriptor of the directory opened
   OpenOptions options;
   Manifest manifest;
   restore::RecordIndex index;  // into `manifest`
@@ -42,8 +46,8 @@ struct SnapshotReader::Impl {
   mutable std::mutex mu;
   mutable std::vector<std::unique_ptr<Mapping>> maps;  // by file index, made on first use
 
-  Impl(std::filesystem::path d, const OpenOptions& o)
-      : dir(std::move(d)), options(o), manifest(read_manifest(dir)) {
+  Impl(const format::SnapshotDir& d, const OpenOptions& o)
+      : dir(d.duplicate()), options(o), manifest(format::read_manifest_in(dir)) {
     index = restore::index_records(manifest);
     for (size_t i = 0; i < manifest.files.size(); ++i)
       file_index.emplace(manifest.files[i].name, i);
@@ -55,7 +59,14 @@ struct SnapshotReader::Impl {
     std::lock_guard<std::mutex> lock(mu);
     if (maps[i]) return *maps[i];
     auto m = std::make_unique<Mapping>();
-    m->reader = std::make_unique<restore::ShardReader>(dir, manifest.files[i], manifest);
+    try {
+      m->reader = std::make_unique<restore::ShardReader>(dir, manifest.files[i], manifest);
+    } catch (const Error& e) {
+      if (!restore::lost_to_overwrite(e, dir)) throw;
+      throw_error(e.code(), std::string(e.what()) +
+                                " (the snapshot was overwritten after it was opened: open it again)",
+                  e.sys_errno());
+    }
     const uint64_t size = m->reader->file().size;
     void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE, m->reader->fd(), 0);
     if (p == MAP_FAILED) detail::throw_sys_error(-errno, "mmap " + m->reader->path());
@@ -93,7 +104,7 @@ const TensorRecord& SnapshotReader::record(const std::string& key) const {
   const auto it = impl_->index.find(key);
   if (it == impl_->index.end()) {
     throw_error(ErrorCode::kKeyNotFound,
-                "key '" + key + "' is not in snapshot " + impl_->dir.string());
+                "key '" + key + "' is not in snapshot " + impl_->dir.path.string());
   }
   return *it->second;
 }
@@ -135,7 +146,9 @@ at::Tensor SnapshotReader::view(const TensorRecord& r, uint64_t begin, uint64_t 
 }
 
 SnapshotReader open(const std::filesystem::path& path, const OpenOptions& options) {
-  return SnapshotReader(std::make_shared<const SnapshotReader::Impl>(path, options));
+  return restore::read_snapshot(path, [&](const format::SnapshotDir& dir) {
+    return SnapshotReader(std::make_shared<const SnapshotReader::Impl>(dir, options));
+  });
 }
 
 }  // namespace tsnap

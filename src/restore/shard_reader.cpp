@@ -13,28 +13,18 @@
 #include "common/sys_error.h"
 #include "format/dtype.h"
 #include "format/hash.h"
+#include "format/open_file.h"
 #include "format/safetensors.h"
 #include "tsnap/error.h"
 
 namespace tsnap::restore {
 
-ShardReader::ShardReader(const std::filesystem::path& dir, const FileRecord& file,
+ShardReader::ShardReader(const format::SnapshotDir& dir, const FileRecord& file,
                          const Manifest& manifest)
-    : file_(file), path_((dir / file.name).string()) {
-  int err = 0;
-  fd_ = io::open_fd(path_, O_RDONLY, 0, &err);
-  if (err < 0) {
-    const int e = -err;
-    if (e == ENOENT) {
-      throw_error(ErrorCode::kNotFound, "shard " + path_ + " is missing", e);
-    }
-    detail::throw_sys_error(-e, "open " + path_);
-  }
-  struct stat st {};
-  if (::fstat(fd_.get(), &st) != 0) {
-    const int e = errno;
-    detail::throw_sys_error(-e, "stat " + path_);
-  }
+    : file_(file), path_(dir.label(file.name)) {
+  format::OpenedFile opened = format::open_snapshot_file(dir, file.name, "shard");
+  fd_ = std::move(opened.fd);
+  const struct stat& st = opened.st;
   if (static_cast<uint64_t>(st.st_size) != file.size) {
     throw_error(ErrorCode::kTruncated,
                 "shard " + path_ + " is " + std::to_string(st.st_size) +
@@ -42,7 +32,7 @@ ShardReader::ShardReader(const std::filesystem::path& dir, const FileRecord& fil
                     (static_cast<uint64_t>(st.st_size) < file.size ? " (truncated)" : ""));
   }
   // The shard's own header must describe the same tensors as the manifest.
-  const format::Header header = format::read_header(path_);
+  const format::Header header = format::read_header(fd_.get(), file.size, path_);
   // Each shard names the save that wrote it: a manifest paired with another snapshot's shards
   // (copied or renamed by hand) is found here, before any chunk hash is computed.
   const auto id = header.metadata.find("tsnap_id");

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <string>
 
+#include "format/open_file.h"
 #include "io/fd.h"
 #include "tsnap/manifest.h"
 
@@ -15,11 +16,12 @@ namespace tsnap::restore {
 
 class ShardReader {
  public:
-  /// Opens `<dir>/<file.name>` (buffered, read-only) and checks its size and its safetensors
-  /// header against `file` and the manifest's tensors. `file` must outlive the reader.
-  /// Errors: IoError(kNotFound) for a missing file, FormatError(kTruncated) naming the sizes,
+  /// Opens `file.name` in `dir` (buffered, read-only, relative to the directory's descriptor)
+  /// and checks its size and its safetensors header against `file` and the manifest's tensors.
+  /// `file` must outlive the reader. Errors: those of format::open_snapshot_file (missing,
+  /// link, not a regular file), FormatError(kTruncated) naming the sizes,
   /// FormatError(kBadManifest) for a header that disagrees with the manifest, IoError.
-  ShardReader(const std::filesystem::path& dir, const FileRecord& file, const Manifest& manifest);
+  ShardReader(const format::SnapshotDir& dir, const FileRecord& file, const Manifest& manifest);
   ShardReader(const ShardReader&) = delete;
   ShardReader& operator=(const ShardReader&) = delete;
 

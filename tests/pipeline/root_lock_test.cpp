@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "format/layout.h"
+#include "io/engine.h"
 #include "pipeline/commit.h"
 #include "policy/policy_test_util.h"
 #include "support/on_engine.h"
@@ -42,6 +43,15 @@ TEST(RootLock, NextWriterAloneRemovesStaleTemporaries) {
   }
   EXPECT_TRUE(fs::exists(dir / ".foreign.tmp-not-ours"));
   EXPECT_NO_THROW(load(dir / "step-00000001"));
+}
+
+TEST(RootLock, ProbeFilesOfAWriterKilledWhileProbingAreRemovedAndNoneAreLeft) {
+  TempDir dir;
+  const fs::path stale = dir / (std::string(io::kDirectProbePrefix) + "424242");
+  std::ofstream(stale) << "x";
+  { Snapshotter writer(test_support::small_options(dir.path())); }
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(test_support::dir_entries(dir.path()).empty());
 }
 
 TEST(RootLock, LiveWriterInThisProcessKeepsItsTemporaries) {

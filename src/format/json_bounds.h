@@ -1,0 +1,34 @@
+#pragma once
+// Bounds on the JSON documents tsnap reads (manifests, shard headers, user metadata), checked
+// by a linear scan before a DOM is built, so that a hostile file cannot exhaust the stack (deep
+// nesting: copies and dumps of the DOM recurse) or memory (a DOM costs up to ~90 bytes per
+// input byte for `[[[[...`, and ~16-80 bytes per value otherwise), and a NUL byte (where
+// nlohmann's parser stops reading) cannot hide junk after a valid document.
+//
+// Limits: nesting depth 64 (the format's own fields use 4; user metadata, under the manifest's
+// "metadata", gets the rest) and 16 Mi values per document (about 1 GiB of DOM at most).
+
+#include <cstddef>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+
+namespace tsnap::format {
+
+/// Deepest nesting of arrays/objects in a document tsnap reads or writes.
+inline constexpr size_t kMaxJsonDepth = 64;
+/// Most values (scalars, arrays, objects, members) in a document tsnap reads or writes.
+inline constexpr size_t kMaxJsonValues = size_t{16} << 20;
+
+/// What is wrong with `text` as a bounded JSON document ("" when the bounds hold): a NUL byte,
+/// nesting deeper than `max_depth`, or more than kMaxJsonValues values. Does not check syntax.
+std::string json_bounds_problem(std::string_view text, size_t max_depth = kMaxJsonDepth);
+
+/// Parses `text` within the bounds; throws std::invalid_argument naming the broken bound, or
+/// nlohmann's parse_error for bad syntax.
+nlohmann::json parse_bounded_json(std::string_view text);
+
+/// Nesting depth of `value` (a scalar is 0, `[]` 1), counted without recursion.
+size_t json_depth(const nlohmann::json& value);
+
+}  // namespace tsnap::format
