@@ -10,6 +10,7 @@
 
 #include "cli/commands.h"
 #include "cli/output.h"
+#include "format/manifest_io.h"
 #include "tsnap/manifest.h"
 
 namespace tsnap::cli {
@@ -52,20 +53,13 @@ nlohmann::json to_json(const fs::path& path, const Manifest& m) {
                      {"chunk_bytes", f.chunk_bytes},
                      {"chunks", f.chunk_hashes.size()}});
   }
-  return {{"path", path.string()},
-          {"id", m.id},
-          {"format", kFormatName},
-          {"format_version", m.format_version},
-          {"tsnap_version", m.tsnap_version},
-          {"torch_version", m.torch_version},
-          {"created", m.created},
-          {"created_unix_ns", m.created_unix_ns},
-          {"world_size", m.world_size},
-          {"metadata", m.metadata},
-          {"tensor_bytes", tensor_bytes(m)},
-          {"total_bytes", m.total_bytes()},
-          {"tensors", std::move(tensors)},
-          {"files", std::move(files)}};
+  nlohmann::json out = format::manifest_header_json(m);
+  out["path"] = path.string();
+  out["tensor_bytes"] = tensor_bytes(m);
+  out["total_bytes"] = m.total_bytes();
+  out["tensors"] = std::move(tensors);
+  out["files"] = std::move(files);
+  return out;
 }
 
 void print_text(const fs::path& path, const Manifest& m) {

@@ -291,6 +291,14 @@ json manifest_to_json(const Manifest& m) {
     }
     weight_map[t.name] = t.file;
   }
+  json out = manifest_header_json(m);
+  out["files"] = std::move(files);
+  out["tensors"] = std::move(tensors);
+  out["weight_map"] = std::move(weight_map);
+  return out;
+}
+
+json manifest_header_json(const Manifest& m) {
   return {{"format", kFormatName},
           {"format_version", m.format_version},
           {"id", m.id},
@@ -299,10 +307,7 @@ json manifest_to_json(const Manifest& m) {
           {"created", m.created},
           {"created_unix_ns", m.created_unix_ns},
           {"world_size", m.world_size},
-          {"metadata", m.metadata},
-          {"files", std::move(files)},
-          {"tensors", std::move(tensors)},
-          {"weight_map", std::move(weight_map)}};
+          {"metadata", m.metadata}};
 }
 
 std::string manifest_to_text(const Manifest& m) {

@@ -30,6 +30,10 @@ struct SnapshotDir;
 /// tsnap::read_manifest.
 Manifest read_manifest_in(const SnapshotDir& dir);
 
+/// The manifest's fields other than files, tensors and weight_map (format, versions, id,
+/// times, world size, metadata) as a JSON object: the head that `tsnap inspect` shows too.
+nlohmann::json manifest_header_json(const Manifest& m);
+
 /// The manifest as JSON (deterministic field order, tensors sorted by name).
 /// Errors: InvalidArgument for duplicate tensor or file names, an unsupported dtype or metadata
 /// that is not a JSON object.
