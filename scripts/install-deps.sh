@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what tsnap needs to build, test, run its example and plot its benchmarks:
 #  - Debian 12 packages (TBB, Boost, liburing, xxHash, nlohmann-json, CLI11, GoogleTest, Google
-#    Benchmark, CMake, Ninja, g++, ccache, gnuplot, Python's venv);
+#    Benchmark, CMake, Ninja, g++, ccache, gnuplot, Python's venv; clang 14 and its sanitizer and
+#    libFuzzer runtimes for scripts/sanitize.sh and scripts/fuzz.sh);
 #  - LibTorch, chosen by TSNAP_TORCH:
 #      wheel  (default) LibTorch 2.x from the `torch` wheel on PyPI (version TSNAP_TORCH_VERSION),
 #             in a virtual environment at .venv/ (ignored by git), which CMake finds by itself;
@@ -20,7 +21,7 @@ case "$torch_kind" in
 esac
 
 packages=(
-  cmake ninja-build g++ pkg-config ccache python3 python3-venv gnuplot-nox
+  cmake ninja-build g++ pkg-config ccache python3 python3-venv gnuplot-nox clang-14 libclang-rt-14-dev
   libboost-dev libtbb-dev liburing-dev libgtest-dev nlohmann-json3-dev
   libxxhash-dev libcli11-dev libbenchmark-dev
 )

@@ -2,6 +2,7 @@
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <cstdint>
@@ -66,8 +67,13 @@ __attribute__((target("avx,f16c"))) void f32_to_f16_f16c(const float* __restrict
   for (; i < n; ++i) dst[i] = c10::Half(src[i]).x;
 }
 
+// F16C from CPUID leaf 1 (clang 14's __builtin_cpu_supports does not know "f16c"); the "avx"
+// check also covers the OS saving the YMM registers.
 bool has_f16c() {
-  static const bool yes = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+  }();
   return yes;
 }
 

@@ -138,10 +138,10 @@ class Reads {
     // O_DIRECT reads whole blocks; the last chunk of a file then simply reads short.
     const uint64_t len = s.direct.valid() ? align_up(c.length) : c.length;
     engine_.read(s.fd(), buffers_.data(buf), len, c.offset, -1, [this, job, buf](int result) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        ready_.push_back({job, buf, result});
-      }
+      // Notified under the lock: once it is released, a processor may take this last read,
+      // return, and the load destroy cv_ while this (io) thread would still be notifying.
+      std::lock_guard<std::mutex> lock(mu_);
+      ready_.push_back({job, buf, result});
       cv_.notify_one();
     });
   }

@@ -65,7 +65,8 @@ void plan_rng(const StateDict& state, const std::string& prefix, ApplyPlan& plan
                                        "Byte " + shape_string(now.sizes()));
       continue;
     }
-    plan.then(prefix + name, [generator, source]() mutable {
+    // An init-capture: clang before 16 cannot capture a structured binding by name.
+    plan.then(prefix + name, [generator = generator, source]() mutable {
       std::lock_guard<std::mutex> lock(generator.mutex());
       generator.set_state(source.cpu().contiguous());
     });

@@ -279,10 +279,52 @@ TEST(Snapshotter, UsesIoUringWithDirectIoWhereAllowed) {
   EXPECT_TRUE(verify(dir / "s").empty());
 }
 
+// Once armed, holds writes until `n` are submitted, then lets them all go (and every later one
+// through): a save then holds n staging buffers at once, whatever the speed of its writes.
+class HoldWritesEngine final : public io::ForwardingEngine {
+ public:
+  HoldWritesEngine() : ForwardingEngine(io::make_pwrite_engine(2)) {}
+  void arm(int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    left_ = n;
+  }
+  void write(int fd, const void* buf, size_t len, uint64_t offset, int buf_index,
+             io::Done done) override {
+    std::vector<std::function<void()>> go;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (left_ > 0) {
+        held_.push_back([this, fd, buf, len, offset, buf_index, done = std::move(done)]() mutable {
+          ForwardingEngine::write(fd, buf, len, offset, buf_index, std::move(done));
+        });
+        if (--left_ > 0) return;
+        go.swap(held_);
+      }
+    }
+    if (go.empty()) {
+      ForwardingEngine::write(fd, buf, len, offset, buf_index, std::move(done));
+      return;
+    }
+    for (auto& write : go) write();
+  }
+
+ private:
+  std::mutex mu_;
+  int left_ = 0;
+  std::vector<std::function<void()>> held_;
+};
+
 TEST(Snapshotter, PoolIsReusedAcrossSaves) {
   TempDir dir;
-  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 4 << 20, .chunk_bytes = 1 << 20});
-  StateDict sd = big_state(2, 1 << 20, 6);
+  // The first save takes all 4 buffers before any write completes (without the hold, fast
+  // writes could hand one buffer back and forth, and the second save find others unused).
+  auto hold = std::make_shared<HoldWritesEngine>();
+  Snapshotter snap = test_support::on_engine(hold, [&] {
+    return Snapshotter(
+        {.root = dir.path(), .staging_budget_bytes = 4 << 20, .chunk_bytes = 1 << 20});
+  });
+  StateDict sd = big_state(2, 1 << 20, 6);  // 9 chunks of 1 MiB, 4 buffers (budget / chunk)
+  hold->arm(4);
   snap.save_async("a", sd).wait();
   SaveHandle h = snap.save_async("b", sd);
   h.wait();

@@ -76,7 +76,8 @@ bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
   if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
   const at::Tensor ca = a.contiguous().cpu();
   const at::Tensor cb = b.contiguous().cpu();
-  return std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0;
+  // An empty tensor's data_ptr() may be null, and memcmp on null is undefined even for 0 bytes.
+  return ca.nbytes() == 0 || std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0;
 }
 
 at::Tensor make_tensor(at::ScalarType dtype, at::IntArrayRef shape, uint64_t seed) {
