@@ -2,7 +2,9 @@
 # Installs what tsnap needs to build, test, run its example and plot its benchmarks:
 #  - Debian 12 packages (TBB, Boost, liburing, xxHash, nlohmann-json, CLI11, GoogleTest, Google
 #    Benchmark, CMake, Ninja, g++, ccache, gnuplot, Python's venv; clang 14 and its sanitizer and
-#    libFuzzer runtimes for scripts/sanitize.sh and scripts/fuzz.sh);
+#    libFuzzer runtimes for scripts/sanitize.sh and scripts/fuzz.sh; Gloo's headers, which
+#    LibTorch's ProcessGroupGloo header needs and neither LibTorch ships, for the distributed
+#    tests and example);
 #  - LibTorch, chosen by TSNAP_TORCH:
 #      wheel  (default) LibTorch 2.x from the `torch` wheel on PyPI (version TSNAP_TORCH_VERSION),
 #             in a virtual environment at .venv/ (ignored by git), which CMake finds by itself;
@@ -23,7 +25,7 @@ esac
 packages=(
   cmake ninja-build g++ pkg-config ccache python3 python3-venv gnuplot-nox clang-14 libclang-rt-14-dev
   libboost-dev libtbb-dev liburing-dev libgtest-dev nlohmann-json3-dev
-  libxxhash-dev libcli11-dev libbenchmark-dev
+  libxxhash-dev libcli11-dev libbenchmark-dev libgloo-dev
 )
 if [[ "$torch_kind" != wheel ]]; then
   packages+=(libtorch-dev)

@@ -32,6 +32,7 @@ enum class ErrorCode {
   kBusy,               ///< A save is still in flight and the policy says fail fast.
   kCancelled,          ///< The operation was cancelled (e.g. the owner shut down).
   kUnsupported,        ///< The object is of a kind tsnap does not handle (e.g. an optimizer).
+  kPeerFailed,         ///< Another rank of a distributed save failed, disagreed or fell silent.
   kInternal,           ///< An invariant was violated: a bug in tsnap.
 };
 
@@ -47,7 +48,8 @@ TSNAP_API const char* to_string(ErrorCode code) noexcept;
 /// | `IoError`         | kIo, kNoSpace, kNotFound (`sys_errno()` is ENOENT where a call failed) |
 /// | `FormatError`     | kBadHeader, kHeaderTooLarge, kBadOffsets, kBadManifest,              |
 /// |                   | kUnsupportedFormat, kUnsafePath, kTruncated, kHashMismatch           |
-/// | `Error`           | kAlreadyExists, kBusy, kCancelled, kUnsupported, kInternal           |
+/// | `Error`           | kAlreadyExists, kBusy, kCancelled, kUnsupported, kPeerFailed,        |
+/// |                   | kInternal                                                            |
 enum class ErrorClass { kError, kIoError, kFormatError, kInvalidArgument };
 
 /// The class of `code` (the table above).

@@ -46,6 +46,7 @@ struct TSNAP_API FileRecord {
   uint64_t data_offset = 0;  ///< Where tensor data starts (multiple of 4096).
   uint64_t chunk_bytes = 0;  ///< Chunk size (multiple of 4096); the last chunk may be short.
   std::vector<uint64_t> chunk_hashes;  ///< XXH3-64 of each chunk, in file order.
+  int rank = 0;  ///< The rank that wrote it (distributed saves; 0 otherwise).
 };
 
 /// The whole manifest. Value type; cheap enough to copy for tools.
@@ -58,11 +59,15 @@ struct TSNAP_API Manifest {
   int64_t created_unix_ns = 0;
   int world_size = 1;
   nlohmann::json metadata = nlohmann::json::object();  ///< The user's metadata.
-  std::vector<TensorRecord> tensors;                   ///< Sorted by name.
+  /// Sorted by name. A key stored as several pieces (a distributed save of sharded state) has
+  /// one record per piece, each with its `shard`, ordered by offsets.
+  std::vector<TensorRecord> tensors;
   std::vector<FileRecord> files;
 
-  /// The record of `name`, or nullptr.
+  /// The (first) record of `name`, or nullptr.
   const TensorRecord* find(const std::string& name) const;
+  /// Every record of `name` (one unless it was stored as pieces); empty if there is none.
+  std::vector<const TensorRecord*> pieces(const std::string& name) const;
   const FileRecord* find_file(const std::string& name) const;
   /// Sum of the shard file sizes.
   uint64_t total_bytes() const;

@@ -25,6 +25,9 @@ struct TSNAP_API SaveStats {
   double write_s = 0;         ///< From the first write submitted to the last completed.
   double commit_s = 0;        ///< fsync, manifest, rename.
   double total_s = 0;         ///< From the call to committed.
+  /// Distributed saves: time spent waiting for the other ranks and rank 0's verdict (part of
+  /// commit_s).
+  double coordinate_s = 0;
   uint64_t bytes = 0;         ///< Bytes written (all shard files plus manifest).
   uint64_t tensor_bytes = 0;  ///< Stored tensor bytes.
   uint64_t chunks = 0;

@@ -19,6 +19,7 @@
 namespace tsnap {
 
 class Checkpoint;
+class DistGroup;
 
 /// Options of a Snapshotter; fixed for its lifetime.
 struct TSNAP_API SnapshotterOptions {
@@ -32,6 +33,13 @@ struct TSNAP_API SnapshotterOptions {
   bool direct_io = true;  ///< Use O_DIRECT where allowed.
   int max_in_flight = 2;  ///< Saves that may be writing at once.
   InFlightPolicy in_flight = InFlightPolicy::kWait;
+  /// Set for a distributed save (see tsnap/dist_group.h): every rank of the group makes a
+  /// Snapshotter on the same root (a shared filesystem) and calls save_async in the same order
+  /// with the same name; each writes its pieces of sharded tensors (entries with a ShardSpec)
+  /// and its share of the replicated ones (the rest, written once across ranks), and rank 0
+  /// commits the one snapshot once every rank's files are durable. Every rank's handle then
+  /// completes with the same outcome.
+  std::shared_ptr<DistGroup> group;
 };
 
 /// Takes snapshots under `options.root`.

@@ -5,6 +5,7 @@
 #include "tsnap/apply_report.h"
 #include "tsnap/catalog.h"
 #include "tsnap/checkpoint.h"
+#include "tsnap/dist_group.h"
 #include "tsnap/engine_kind.h"
 #include "tsnap/error.h"
 #include "tsnap/load.h"

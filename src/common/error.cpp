@@ -40,6 +40,8 @@ const char* to_string(ErrorCode code) noexcept {
       return "cancelled";
     case ErrorCode::kUnsupported:
       return "unsupported";
+    case ErrorCode::kPeerFailed:
+      return "peer_failed";
     case ErrorCode::kInternal:
       return "internal";
   }

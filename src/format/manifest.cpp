@@ -27,6 +27,14 @@ const TensorRecord* Manifest::find(const std::string& name) const {
   return it == tensors.end() ? nullptr : &*it;
 }
 
+std::vector<const TensorRecord*> Manifest::pieces(const std::string& name) const {
+  std::vector<const TensorRecord*> out;
+  for (const TensorRecord& t : tensors) {
+    if (t.name == name) out.push_back(&t);
+  }
+  return out;
+}
+
 const FileRecord* Manifest::find_file(const std::string& name) const {
   auto it =
       std::find_if(files.begin(), files.end(), [&](const FileRecord& f) { return f.name == name; });

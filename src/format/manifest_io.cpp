@@ -5,8 +5,10 @@
 #include <climits>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <tuple>
 
+#include "common/shape.h"
 #include "format/dtype.h"
 #include "format/json_bounds.h"
 #include "format/json_writer.h"
@@ -114,7 +116,8 @@ void check_file_name(const Checker& c, const std::string& name) {
   }
 }
 
-FileRecord parse_file(const Checker& c, const std::string& name, const json& j) {
+FileRecord parse_file(const Checker& c, const std::string& name, const json& j,
+                      uint64_t world_size) {
   check_file_name(c, name);
   const std::string where = "file '" + printable(name) + "'";
   if (!j.is_object()) c.fail(ErrorCode::kBadManifest, where + " is not an object");
@@ -123,6 +126,7 @@ FileRecord parse_file(const Checker& c, const std::string& name, const json& j) 
   f.size = c.uint(j, "size", where);
   f.data_offset = c.uint(j, "data_offset", where);
   f.chunk_bytes = c.uint(j, "chunk_bytes", where);
+  if (j.contains("rank")) f.rank = static_cast<int>(c.uint(j, "rank", where, world_size - 1));
   if (f.data_offset == 0 || f.data_offset % kAlignment != 0 || f.data_offset > f.size) {
     c.fail(ErrorCode::kBadManifest, where + ": data_offset " + std::to_string(f.data_offset) +
                                         " is not a positive multiple of " +
@@ -239,8 +243,16 @@ void check_overlaps(const Checker& c, const std::vector<TensorRecord>& tensors) 
 
 /// weight_map maps exactly the tensors' names to their files.
 void check_weight_map(const Checker& c, const json& map, const json& jtensors,
-                      const std::vector<TensorRecord>& tensors) {
+                      const std::vector<TensorRecord>& tensors,
+                      const std::set<std::string>& pieced) {
   for (const auto& t : tensors) {
+    if (pieced.count(t.name) != 0) {
+      if (map.contains(t.name)) {
+        c.fail(ErrorCode::kBadManifest, "weight_map names '" + printable(t.name) +
+                                            "', which is stored as pieces in several files");
+      }
+      continue;
+    }
     auto it = map.find(t.name);
     if (it == map.end() || !it->is_string() || it->get_ref<const std::string&>() != t.file) {
       c.fail(ErrorCode::kBadManifest, "weight_map does not map tensor '" + printable(t.name) +
@@ -251,6 +263,80 @@ void check_weight_map(const Checker& c, const json& map, const json& jtensors,
     if (!jtensors.contains(key)) {
       c.fail(ErrorCode::kBadManifest,
              "weight_map names '" + printable(key) + "', which is not a tensor");
+    }
+  }
+}
+
+
+bool shard_before(const TensorRecord* a, const TensorRecord* b) {
+  if (a->name != b->name) return a->name < b->name;
+  if (a->shard && b->shard) return a->shard->offsets < b->shard->offsets;
+  return static_cast<bool>(b->shard) && !a->shard;
+}
+
+/// The manifest's tensors grouped by key, keys in order, each key's pieces in offsets order.
+/// A key may have several records only if every one is a piece (has a shard).
+std::vector<std::vector<const TensorRecord*>> tensor_groups(const Manifest& m) {
+  std::vector<const TensorRecord*> order;
+  order.reserve(m.tensors.size());
+  for (const auto& t : m.tensors) order.push_back(&t);
+  if (!std::is_sorted(order.begin(), order.end(), shard_before)) {
+    std::sort(order.begin(), order.end(), shard_before);
+  }
+  std::vector<std::vector<const TensorRecord*>> groups;
+  for (const TensorRecord* t : order) {
+    if (groups.empty() || groups.back().front()->name != t->name) {
+      groups.push_back({t});
+      continue;
+    }
+    if (!t->shard || !groups.back().front()->shard ||
+        groups.back().back()->shard->offsets == t->shard->offsets) {
+      throw_error(ErrorCode::kInvalidArgument,
+                  "manifest lists tensor '" + t->name + "' twice (only pieces with a shard may "
+                  "share a key)");
+    }
+    groups.back().push_back(t);
+  }
+  return groups;
+}
+
+/// The pieces of one key fit together: the same global shape and stored dtype, and no two
+/// share an element. (They need not cover the whole tensor.)
+void check_pieces(const Checker& c, const std::vector<TensorRecord>& pieces) {
+  const TensorRecord& first = pieces.front();
+  const std::string where = "tensor '" + printable(first.name) + "'";
+  for (const TensorRecord& p : pieces) {
+    if (!p.shard) c.fail(ErrorCode::kBadManifest, where + ": a piece has no \"shard\"");
+    if (p.shard->global_shape != first.shard->global_shape || p.dtype != first.dtype ||
+        p.source_dtype != first.source_dtype) {
+      c.fail(ErrorCode::kBadManifest,
+             where + ": its pieces disagree on the global shape or the dtype");
+    }
+  }
+  // Sweep along dimension 0: only pieces whose rows overlap are compared element-wise.
+  std::vector<const TensorRecord*> order;
+  for (const TensorRecord& p : pieces) order.push_back(&p);
+  std::sort(order.begin(), order.end(), shard_before);
+  const size_t dims = first.shape.size();
+  for (size_t i = 0; i < order.size(); ++i) {
+    const TensorRecord& a = *order[i];
+    bool a_empty = false;
+    for (int64_t d : a.shape) a_empty |= d == 0;
+    if (a_empty) continue;
+    for (size_t j = i + 1; j < order.size(); ++j) {
+      const TensorRecord& b = *order[j];
+      if (dims > 0 && b.shard->offsets[0] >= a.shard->offsets[0] + a.shape[0]) break;
+      bool overlap = true;
+      for (size_t d = 0; overlap && d < dims; ++d) {
+        overlap = a.shard->offsets[d] < b.shard->offsets[d] + b.shape[d] &&
+                  b.shard->offsets[d] < a.shard->offsets[d] + a.shape[d];
+      }
+      if (overlap) {
+        c.fail(ErrorCode::kBadOffsets, where + ": two of its pieces (at offsets " +
+                                           detail::shape_string(a.shard->offsets) + " and " +
+                                           detail::shape_string(b.shard->offsets) +
+                                           ") share elements");
+      }
     }
   }
 }
@@ -267,17 +353,17 @@ json manifest_to_json(const Manifest& m) {
   for (const auto& f : m.files) {
     json hashes = json::array();
     for (uint64_t h : f.chunk_hashes) hashes.push_back(hex16(h));
-    auto [it, inserted] = files.emplace(f.name, json{{"size", f.size},
-                                                     {"data_offset", f.data_offset},
-                                                     {"chunk_bytes", f.chunk_bytes},
-                                                     {"chunk_hashes", std::move(hashes)}});
+    json rec{{"size", f.size},
+             {"data_offset", f.data_offset},
+             {"chunk_bytes", f.chunk_bytes},
+             {"chunk_hashes", std::move(hashes)}};
+    if (m.world_size > 1) rec["rank"] = f.rank;
+    auto [it, inserted] = files.emplace(f.name, std::move(rec));
     if (!inserted) {
       throw_error(ErrorCode::kInvalidArgument, "manifest lists file '" + f.name + "' twice");
     }
   }
-  json tensors = json::object();
-  json weight_map = json::object();
-  for (const auto& t : m.tensors) {
+  const auto record = [](const TensorRecord& t) {
     json rec = {{"file", t.file},
                 {"dtype", std::string(dtype_name(t.dtype))},
                 {"source_dtype", std::string(dtype_name(t.source_dtype))},
@@ -286,10 +372,20 @@ json manifest_to_json(const Manifest& m) {
     if (t.shard) {
       rec["shard"] = {{"global_shape", t.shard->global_shape}, {"offsets", t.shard->offsets}};
     }
-    if (!tensors.emplace(t.name, std::move(rec)).second) {
-      throw_error(ErrorCode::kInvalidArgument, "manifest lists tensor '" + t.name + "' twice");
+    return rec;
+  };
+  json tensors = json::object();
+  json weight_map = json::object();
+  for (const auto& group : tensor_groups(m)) {
+    const TensorRecord& t = *group.front();
+    if (group.size() == 1) {
+      tensors[t.name] = record(t);
+      weight_map[t.name] = t.file;
+      continue;
     }
-    weight_map[t.name] = t.file;
+    json pieces = json::array();
+    for (const TensorRecord* p : group) pieces.push_back(record(*p));
+    tensors[t.name] = {{"pieces", std::move(pieces)}};
   }
   json out = manifest_header_json(m);
   out["files"] = std::move(files);
@@ -328,18 +424,7 @@ std::string manifest_to_text(const Manifest& m) {
                   "manifest lists file '" + files[i]->name + "' twice");
     }
   }
-  std::vector<const TensorRecord*> tensors;
-  tensors.reserve(m.tensors.size());
-  for (const auto& t : m.tensors) tensors.push_back(&t);
-  if (!std::is_sorted(tensors.begin(), tensors.end(), by_name)) {
-    std::sort(tensors.begin(), tensors.end(), by_name);
-  }
-  for (size_t i = 1; i < tensors.size(); ++i) {
-    if (tensors[i]->name == tensors[i - 1]->name) {
-      throw_error(ErrorCode::kInvalidArgument,
-                  "manifest lists tensor '" + tensors[i]->name + "' twice");
-    }
-  }
+  const std::vector<std::vector<const TensorRecord*>> groups = tensor_groups(m);
 
   std::string out;
   out.reserve(1024 + 256 * m.tensors.size());
@@ -381,6 +466,10 @@ std::string manifest_to_text(const Manifest& m) {
     w.number(f->data_offset);
     w.key("chunk_bytes");
     w.number(f->chunk_bytes);
+    if (m.world_size > 1) {
+      w.key("rank");
+      w.number(int64_t{f->rank});
+    }
     w.key("chunk_hashes");
     w.begin_array();
     for (uint64_t h : f->chunk_hashes) {
@@ -397,9 +486,7 @@ std::string manifest_to_text(const Manifest& m) {
   w.newline();
   w.key("tensors");
   w.begin_object();
-  for (const TensorRecord* t : tensors) {
-    w.newline();
-    w.key(t->name);
+  const auto record = [&](const TensorRecord* t) {
     w.begin_object();
     w.key("file");
     w.string(t->file);
@@ -424,16 +511,31 @@ std::string manifest_to_text(const Manifest& m) {
       w.end_object();
     }
     w.end_object();
+  };
+  for (const auto& group : groups) {
+    w.newline();
+    w.key(group.front()->name);
+    if (group.size() == 1) {
+      record(group.front());
+      continue;
+    }
+    w.begin_object();
+    w.key("pieces");
+    w.begin_array();
+    for (const TensorRecord* p : group) record(p);
+    w.end_array();
+    w.end_object();
   }
   w.end_object();
 
   w.newline();
   w.key("weight_map");
   w.begin_object();
-  for (const TensorRecord* t : tensors) {
+  for (const auto& group : groups) {
+    if (group.size() != 1) continue;  // a key stored as pieces has no one file
     w.newline();
-    w.key(t->name);
-    w.string(t->file);
+    w.key(group.front()->name);
+    w.string(group.front()->file);
   }
   w.end_object();
   w.end_object();
@@ -502,17 +604,35 @@ Manifest parse_manifest(std::string_view text, const std::string& label) {
   const json& jfiles = c.field(root, "files", json::value_t::object, where);
   m.files.reserve(jfiles.size());  // No reallocation below: `files` points into m.files.
   for (const auto& [name, j] : jfiles.items()) {
-    m.files.push_back(parse_file(c, name, j));
+    m.files.push_back(parse_file(c, name, j, static_cast<uint64_t>(m.world_size)));
     files.emplace(name, &m.files.back());
   }
   const json& jtensors = c.field(root, "tensors", json::value_t::object, where);
   m.tensors.reserve(jtensors.size());
+  std::set<std::string> pieced;  // keys stored as pieces: not in weight_map
   for (const auto& [name, j] : jtensors.items()) {
-    m.tensors.push_back(parse_tensor(c, name, j, files));
+    const auto pieces = j.is_object() ? j.find("pieces") : j.end();
+    if (!j.is_object() || pieces == j.end()) {
+      m.tensors.push_back(parse_tensor(c, name, j, files));
+      continue;
+    }
+    const std::string where = "tensor '" + printable(name) + "'";
+    if (!pieces->is_array() || pieces->empty() || j.size() != 1) {
+      c.fail(ErrorCode::kBadManifest,
+             where + ": \"pieces\" must be a non-empty array and its only field");
+    }
+    std::vector<TensorRecord> records;
+    records.reserve(pieces->size());
+    for (const json& p : *pieces) records.push_back(parse_tensor(c, name, p, files));
+    check_pieces(c, records);
+    std::sort(records.begin(), records.end(),
+              [](const TensorRecord& a, const TensorRecord& b) { return shard_before(&a, &b); });
+    for (TensorRecord& r : records) m.tensors.push_back(std::move(r));
+    pieced.insert(name);
   }
   check_overlaps(c, m.tensors);
   check_weight_map(c, c.field(root, "weight_map", json::value_t::object, where), jtensors,
-                   m.tensors);
+                   m.tensors, pieced);
   return m;
 }
 

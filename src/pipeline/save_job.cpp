@@ -1,16 +1,19 @@
 #include "pipeline/save_job.h"
 
 #include <fcntl.h>
+#include <unistd.h>
 #include <tbb/parallel_for.h>
 #include <torch/version.h>
 
 #include <boost/asio/post.hpp>
+#include <filesystem>
 
 #include "common/sys_error.h"
 #include "format/dtype.h"
 #include "format/hash.h"
 #include "format/layout.h"
 #include "format/manifest_io.h"
+#include "pipeline/rank_report.h"
 #include "stage/fill.h"
 #include "tsnap/error.h"
 
@@ -36,13 +39,15 @@ int64_t now_ns() {
 }  // namespace
 
 SaveJob::SaveJob(Resources& res, plan::Plan plan, CommitPaths paths, nlohmann::json metadata,
-                 bool overwrite, Clock::time_point started, std::function<void()> release_slot,
+                 bool overwrite, std::shared_ptr<Coordinator> coordinator,
+                 Clock::time_point started, std::function<void()> release_slot,
                  std::function<void()> on_completed)
     : res_(res),
       plan_(std::move(plan)),
       paths_(std::move(paths)),
       metadata_(std::move(metadata)),
       overwrite_(overwrite),
+      coordinator_(std::move(coordinator)),
       started_(started),
       release_slot_(std::move(release_slot)),
       on_completed_(std::move(on_completed)),
@@ -63,8 +68,11 @@ SaveJob::SaveJob(Resources& res, plan::Plan plan, CommitPaths paths, nlohmann::j
 
 void SaveJob::open_files() {
   io::Engine& engine = res_.host->engine();
+  // The ranks of a distributed save share the directory: whoever comes first creates it.
   const int rc = engine.mkdir(paths_.temporary);
-  if (rc < 0) detail::throw_sys_error(rc, "create temporary directory " + paths_.temporary);
+  if (rc < 0 && !(coordinator_ && rc == -EEXIST)) {
+    detail::throw_sys_error(rc, "create temporary directory " + paths_.temporary);
+  }
   const int flags = O_WRONLY | O_CREAT | O_EXCL | (res_.host->direct() ? O_DIRECT : 0);
   for (const plan::PlannedFile& file : plan_.files) {
     const std::string path = paths_.temporary + "/" + file.name;
@@ -72,7 +80,11 @@ void SaveJob::open_files() {
     if (fd < 0) {
       for (int open_fd : fds_) engine.close(open_fd);
       fds_.clear();
-      remove_temporary(paths_.temporary);
+      if (coordinator_) {
+        for (const plan::PlannedFile& f : plan_.files) ::unlink((paths_.temporary + "/" + f.name).c_str());
+      } else {
+        remove_temporary(paths_.temporary);
+      }
       detail::throw_sys_error(fd, "create shard " + path);
     }
     fds_.push_back(fd);
@@ -198,18 +210,25 @@ void SaveJob::finish() {
     if (rc < 0 && !error) error = detail::sys_error(rc, "close " + path);
   }
   fds_.clear();
-  if (!error) {
+  const Clock::time_point c0 = Clock::now();
+  if (coordinator_) {
+    error = coordinate(error, &manifest_bytes, &leftover);
+  } else if (!error) {
     try {
-      manifest_bytes = commit_directory(engine, paths_, manifest_text(), overwrite_, &leftover);
+      std::string text = format::manifest_to_text(manifest());
+      format::check_manifest_readable(text);
+      manifest_bytes = commit_directory(engine, paths_, text, overwrite_, &leftover);
     } catch (...) {
       error = std::current_exception();
     }
   }
-  if (error) remove_temporary(paths_.temporary);
+  const double coordinate_s = coordinator_ ? seconds(Clock::now() - c0) : 0;
+  if (error && !keep_temporary_) remove_temporary(paths_.temporary);
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     SaveStats& s = state_->stats;
     s.commit_s = seconds(Clock::now() - t0);
+    s.coordinate_s = coordinate_s;
     s.write_s = last_write_ns_ > first_write_ns_ ? (last_write_ns_ - first_write_ns_) / 1e9 : 0;
     s.total_s = seconds(Clock::now() - started_);
     s.bytes = plan_.total_bytes + manifest_bytes;
@@ -223,7 +242,7 @@ void SaveJob::finish() {
   if (on_completed_) on_completed_();
 }
 
-std::string SaveJob::manifest_text() const {
+Manifest SaveJob::manifest() const {
   Manifest m;
   m.id = plan_.id;
   m.tsnap_version = TSNAP_VERSION_STRING;
@@ -232,11 +251,12 @@ std::string SaveJob::manifest_text() const {
   m.created = format::utc_timestamp(now);
   m.created_unix_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
-  m.world_size = 1;
+  m.world_size = coordinator_ ? coordinator_->world_size() : 1;
+  const int rank = coordinator_ ? coordinator_->rank() : 0;
   m.metadata = metadata_;
   for (size_t f = 0; f < plan_.files.size(); ++f) {
     const plan::PlannedFile& file = plan_.files[f];
-    m.files.push_back({file.name, file.size, file.data_offset, file.chunk_bytes, hashes_[f]});
+    m.files.push_back({file.name, file.size, file.data_offset, file.chunk_bytes, hashes_[f], rank});
     for (const plan::PlannedTensor& t : file.tensors) {
       m.tensors.push_back(
           {t.name, file.name, t.dtype, t.source_dtype, t.shape, t.begin, t.end, t.shard});
@@ -244,9 +264,59 @@ std::string SaveJob::manifest_text() const {
   }
   std::sort(m.tensors.begin(), m.tensors.end(),
             [](const TensorRecord& a, const TensorRecord& b) { return a.name < b.name; });
-  std::string text = format::manifest_to_text(m);
-  format::check_manifest_readable(text);
-  return text;
+  return m;
+}
+
+std::exception_ptr SaveJob::coordinate(std::exception_ptr error, uint64_t* manifest_bytes,
+                                       std::string* leftover) {
+  Coordinator& c = *coordinator_;
+  const std::string& id = plan_.id;
+  try {
+    // Every rank reports: its manifest part (no user metadata: rank 0's goes in the snapshot)
+    // or its error, and what it believes is replicated, to be compared by rank 0.
+    nlohmann::json report = {{"name", std::filesystem::path(paths_.final).filename().string()},
+                             {"replicated", plan_.replicated}};
+    if (error) {
+      report["error"] = error_json(error);
+    } else {
+      Manifest part = manifest();
+      part.metadata = nlohmann::json::object();
+      report["manifest"] = format::manifest_to_text(part);
+    }
+    if (c.rank() != 0) {
+      c.publish(id, report.dump());
+      if (error) return error;  // rank 0 cannot commit without this part: no need to wait
+      std::string outcome;
+      try {
+        outcome = c.outcome(id);
+      } catch (...) {
+        // Rank 0 is silent: it may yet commit, so this rank's files stay (a later writer
+        // removes them if it never does).
+        keep_temporary_ = true;
+        throw;
+      }
+      return outcome.empty() ? nullptr : error_from_json(nlohmann::json::parse(outcome));
+    }
+    nlohmann::json verdict;
+    if (error) {
+      // Decide at once: the other ranks need not wait for their timeout.
+      verdict = error_json(error);
+      verdict["message"] = "rank 0 failed: " + verdict["message"].get<std::string>();
+      c.decide(id, verdict.dump());
+      return error;
+    }
+    c.publish(id, report.dump());
+    try {
+      std::string text = merge_parts(c.gather(id), metadata_);
+      *manifest_bytes = commit_directory(res_.host->engine(), paths_, text, overwrite_, leftover);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    c.decide(id, error ? error_json(error).dump() : std::string());
+    return error;
+  } catch (...) {
+    return error ? error : std::current_exception();
+  }
 }
 
 }  // namespace tsnap::pipeline

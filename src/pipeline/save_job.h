@@ -3,7 +3,9 @@
 // the blocking pool), hands each staged buffer to the engine, hashes it (XXH3-64) when its
 // write completes (overlapping I/O, off the caller's stall), and when the last write
 // completes, commits on the blocking pool (or cleans up after an error) and completes the
-// handle. Owned by shared_ptr: the engine callbacks keep it alive.
+// handle. In a distributed save each rank's job writes its own files into the shared temporary
+// directory and rank 0 commits for all (coordinate()). Owned by shared_ptr: the engine
+// callbacks keep it alive.
 
 #include <nlohmann/json.hpp>
 
@@ -16,10 +18,12 @@
 #include <vector>
 
 #include "pipeline/commit.h"
+#include "pipeline/coordinator.h"
 #include "pipeline/resources.h"
 #include "pipeline/save_state.h"
 #include "plan/plan.h"
 #include "stage/fill.h"
+#include "tsnap/manifest.h"
 
 namespace tsnap::pipeline {
 
@@ -29,9 +33,11 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
 
   /// Admission bookkeeping: `release_slot` runs just before the handle completes (so that a
   /// save started once wait() returns is admitted), `on_completed` just after (wait_all()).
+  /// With a `coordinator` the save is this rank's part of a distributed save (see
+  /// coordinate()); without one it commits alone.
   SaveJob(Resources& res, plan::Plan plan, CommitPaths paths, nlohmann::json metadata,
-          bool overwrite, Clock::time_point started, std::function<void()> release_slot,
-          std::function<void()> on_completed);
+          bool overwrite, std::shared_ptr<Coordinator> coordinator, Clock::time_point started,
+          std::function<void()> release_slot, std::function<void()> on_completed);
 
   /// Creates the temporary directory and opens the shard files; throws on failure (nothing is
   /// left behind).
@@ -47,14 +53,16 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   void fail(std::exception_ptr e);
   void release_token();
   void finish();
-  void commit();
-  std::string manifest_text() const;
+  Manifest manifest() const;
+  std::exception_ptr coordinate(std::exception_ptr error, uint64_t* manifest_bytes,
+                                std::string* leftover);
 
   Resources& res_;
   plan::Plan plan_;
   CommitPaths paths_;
   nlohmann::json metadata_;
   bool overwrite_;
+  std::shared_ptr<Coordinator> coordinator_;
   Clock::time_point started_;
   std::function<void()> release_slot_;
   std::function<void()> on_completed_;
@@ -64,6 +72,7 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   std::vector<std::vector<uint64_t>> hashes_;  // per file, per chunk
   std::atomic<uint64_t> pending_{1};  // submitted writes not completed, +1 while staging
   std::atomic<bool> failed_{false};
+  bool keep_temporary_ = false;  // distributed: rank 0 went silent and may still commit
   std::mutex error_mu_;
   std::exception_ptr error_;
   std::atomic<uint64_t> buffer_waits_{0}, buffers_reused_{0};

@@ -15,11 +15,14 @@
 #include "format/layout.h"
 #include "format/manifest_io.h"
 #include "format/safetensors.h"
+#include "pipeline/coordinator.h"
+#include "pipeline/rank_report.h"
 #include "pipeline/resources.h"
 #include "pipeline/root_lock.h"
 #include "pipeline/save_job.h"
 #include "plan/plan.h"
 #include "tsnap/catalog.h"
+#include "tsnap/dist_group.h"
 #include "tsnap/error.h"
 
 namespace tsnap {
@@ -33,6 +36,10 @@ struct Snapshotter::Impl {
   std::condition_variable cv;
   int in_flight = 0;  // saves holding an admission slot
   int running = 0;    // saves whose handle has not completed yet (>= in_flight)
+  std::shared_ptr<pipeline::Coordinator> coordinator;  // distributed saves only
+
+  SaveHandle start(const std::string& name, const std::string& id, const StateDict& state,
+                   const nlohmann::json& metadata, const SaveOptions& options);
 
   explicit Impl(SnapshotterOptions options);
   ~Impl();
@@ -62,6 +69,7 @@ Snapshotter::Impl::Impl(SnapshotterOptions options) {
     throw_error(ErrorCode::kIo,
                 "cannot create snapshot root " + o.root.string() + ": " + ec.message(), ec.value());
   }
+  if (o.group) coordinator = o.group->coordinator();
   root_lock.emplace(o.root);  // removes stale temporaries when no other writer is alive
   const size_t count =
       std::max<size_t>(2, static_cast<size_t>(o.staging_budget_bytes / o.chunk_bytes));
@@ -130,6 +138,33 @@ Snapshotter::~Snapshotter() = default;
 
 SaveHandle Snapshotter::save_async(const std::string& name, const StateDict& state,
                                    const nlohmann::json& metadata, const SaveOptions& options) {
+  pipeline::Coordinator* coord = impl_->coordinator.get();
+  // A distributed save's id is drawn first, so that ranks stay in step even when this one
+  // fails to start; its failure is then reported to the others instead of leaving them waiting.
+  const std::string id = coord ? coord->next_save_id() : format::new_save_id();
+  try {
+    return impl_->start(name, id, state, metadata, options);
+  } catch (...) {
+    if (coord) {
+      nlohmann::json error = pipeline::error_json(std::current_exception());
+      try {
+        if (coord->rank() == 0) {
+          error["message"] = "rank 0 failed: " + error["message"].get<std::string>();
+          coord->decide(id, error.dump());
+        } else {
+          coord->publish(id, nlohmann::json{{"name", name}, {"error", error}}.dump());
+        }
+      } catch (const std::exception&) {
+        // The others then fail on their timeout; this rank's own error is what it throws.
+      }
+    }
+    throw;
+  }
+}
+
+SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& id,
+                                    const StateDict& state, const nlohmann::json& metadata,
+                                    const SaveOptions& options) {
   const auto started = pipeline::SaveJob::Clock::now();
   format::check_snapshot_name(name);
   if (!metadata.is_object() && !metadata.is_null()) {
@@ -137,7 +172,7 @@ SaveHandle Snapshotter::save_async(const std::string& name, const StateDict& sta
                 std::string("metadata must be a JSON object, not ") + metadata.type_name());
   }
   format::check_metadata_writable(metadata);
-  pipeline::Resources& res = impl_->res;
+  pipeline::Resources& res = this->res;
   const uint64_t chunk = options.chunk_bytes ? options.chunk_bytes : res.options.chunk_bytes;
   if (chunk > res.pool->buffer_bytes()) {
     throw_error(ErrorCode::kInvalidArgument, "chunk_bytes " + std::to_string(chunk) +
@@ -151,22 +186,23 @@ SaveHandle Snapshotter::save_async(const std::string& name, const StateDict& sta
     throw_error(ErrorCode::kAlreadyExists,
                 "snapshot " + paths.final + " already exists (pass overwrite to replace it)");
   }
-  const std::string id = format::new_save_id();
   paths.temporary = root + "/" + format::temporary_name(name, id);
-  plan::Plan plan = plan::make_plan(state, options, chunk, id, std::max(1, res.options.io_threads));
+  const plan::RankOf ranks{coordinator ? coordinator->rank() : 0,
+                           coordinator ? coordinator->world_size() : 1};
+  plan::Plan plan =
+      plan::make_plan(state, options, chunk, id, std::max(1, res.options.io_threads), ranks);
 
-  impl_->admit();
+  admit();
   std::shared_ptr<pipeline::SaveJob> job;
   try {
     job = std::make_shared<pipeline::SaveJob>(
         res, std::move(plan), std::move(paths),
-        metadata.is_null() ? nlohmann::json::object() : metadata, options.overwrite, started,
-        [impl = impl_.get()] { impl->release_slot(); },
-        [impl = impl_.get()] { impl->completed(); });
+        metadata.is_null() ? nlohmann::json::object() : metadata, options.overwrite, coordinator,
+        started, [this] { release_slot(); }, [this] { completed(); });
     job->open_files();
   } catch (...) {
-    impl_->release_slot();
-    impl_->completed();
+    release_slot();
+    completed();
     throw;
   }
   SaveHandle handle(job->state());

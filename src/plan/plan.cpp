@@ -16,9 +16,13 @@ namespace {
 
 constexpr uint64_t kAutoShardBytes = 1ull << 30;
 
-std::string shard_name(size_t i, size_t n) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "shard-%05zu-of-%05zu.safetensors", i, n);
+std::string shard_name(size_t i, size_t n, RankOf ranks) {
+  char buf[96];
+  if (ranks.world_size > 1) {
+    std::snprintf(buf, sizeof buf, "rank-%05d-shard-%05zu-of-%05zu.safetensors", ranks.rank, i, n);
+  } else {
+    std::snprintf(buf, sizeof buf, "shard-%05zu-of-%05zu.safetensors", i, n);
+  }
   return buf;
 }
 
@@ -44,6 +48,38 @@ void check_shard(const std::string& key, const at::Tensor& t, const ShardSpec& s
   }
 }
 
+struct Item {
+  const std::string* key;
+  const StateEntry* entry;
+  at::ScalarType dtype;
+  uint64_t bytes;
+};
+
+// Largest first, then by key: the order both balancing steps use.
+bool heavier(const Item& a, const Item& b) {
+  return a.bytes != b.bytes ? a.bytes > b.bytes : *a.key < *b.key;
+}
+
+// What `ranks.rank` writes: its pieces, and the replicated items that a greedy balance of the
+// replicated bytes over the ranks gives it (every rank computes the same assignment from the
+// same key set). `*replicated` gets every replicated item as "key dtype shape".
+std::vector<Item> share_of(const std::vector<Item>& items, RankOf ranks,
+                           std::vector<std::string>* replicated) {
+  std::vector<Item> mine, shared;
+  for (const Item& it : items) (it.entry->shard ? mine : shared).push_back(it);
+  std::stable_sort(shared.begin(), shared.end(), heavier);
+  std::vector<uint64_t> load(static_cast<size_t>(ranks.world_size), 0);
+  for (const Item& it : shared) {
+    const size_t r = std::min_element(load.begin(), load.end()) - load.begin();
+    load[r] += it.bytes;
+    if (static_cast<int>(r) == ranks.rank) mine.push_back(it);
+    replicated->push_back(*it.key + " " + std::string(format::dtype_name(it.dtype)) + " " +
+                          detail::shape_string(it.entry->tensor.sizes()));
+  }
+  std::sort(replicated->begin(), replicated->end());
+  return mine;
+}
+
 }  // namespace
 
 at::ScalarType stored_dtype(const std::string& key, const StateEntry& entry,
@@ -65,7 +101,12 @@ at::ScalarType stored_dtype(const std::string& key, const StateEntry& entry,
 }
 
 Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chunk_bytes,
-               const std::string& id, int max_auto_shards) {
+               const std::string& id, int max_auto_shards, RankOf ranks) {
+  if (ranks.world_size < 1 || ranks.rank < 0 || ranks.rank >= ranks.world_size) {
+    throw_error(ErrorCode::kInvalidArgument, "rank " + std::to_string(ranks.rank) +
+                                                 " is not in a world of " +
+                                                 std::to_string(ranks.world_size));
+  }
   if (chunk_bytes == 0 || chunk_bytes % format::kAlignment != 0 ||
       chunk_bytes > format::kMaxChunkBytes) {
     throw_error(ErrorCode::kInvalidArgument, "chunk size " + std::to_string(chunk_bytes) +
@@ -77,12 +118,6 @@ Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chun
   }
 
   // Validate and size every tensor.
-  struct Item {
-    const std::string* key;
-    const StateEntry* entry;
-    at::ScalarType dtype;
-    uint64_t bytes;
-  };
   std::vector<Item> items;
   items.reserve(state.size());
   uint64_t tensor_bytes = 0;
@@ -107,8 +142,10 @@ Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chun
     if (entry.shard) check_shard(key, t, *entry.shard);
     const at::ScalarType dtype = stored_dtype(key, entry, options);
     items.push_back({&key, &entry, dtype, stored_nbytes(t, dtype)});
-    tensor_bytes += items.back().bytes;
   }
+  std::vector<std::string> replicated;
+  if (ranks.world_size > 1) items = share_of(items, ranks, &replicated);
+  for (const Item& it : items) tensor_bytes += it.bytes;
 
   size_t nfiles = options.num_shards > 0
                       ? static_cast<size_t>(options.num_shards)
@@ -119,10 +156,8 @@ Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chun
   // Greedy balance: largest tensor first, onto the lightest file.
   std::vector<size_t> order(items.size());
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return items[a].bytes != items[b].bytes ? items[a].bytes > items[b].bytes
-                                            : *items[a].key < *items[b].key;
-  });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return heavier(items[a], items[b]); });
   std::vector<std::vector<size_t>> members(nfiles);
   std::vector<uint64_t> load(nfiles, 0);
   for (size_t i : order) {
@@ -135,10 +170,11 @@ Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chun
   plan.id = id;
   plan.tensor_bytes = tensor_bytes;
   plan.num_tensors = items.size();
+  plan.replicated = std::move(replicated);
   plan.files.resize(nfiles);
   for (size_t f = 0; f < nfiles; ++f) {
     PlannedFile& file = plan.files[f];
-    file.name = shard_name(f, nfiles);
+    file.name = shard_name(f, nfiles, ranks);
     file.chunk_bytes = chunk_bytes;
     // Element size descending, then name: every tensor lands naturally aligned.
     std::sort(members[f].begin(), members[f].end(), [&](size_t a, size_t b) {

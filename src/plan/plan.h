@@ -50,6 +50,14 @@ struct ChunkRef {
   uint64_t chunk = 0;
 };
 
+/// Which rank of how many makes the plan. In a distributed save every rank plans its own files:
+/// its pieces (entries with a ShardSpec) and its share of the replicated entries (those
+/// without), which every rank assigns alike from the same key set, balanced by bytes.
+struct RankOf {
+  int rank = 0;
+  int world_size = 1;
+};
+
 /// The whole plan.
 struct Plan {
   std::string id;
@@ -58,6 +66,9 @@ struct Plan {
   uint64_t total_bytes = 0;       ///< Sum of file sizes.
   uint64_t tensor_bytes = 0;      ///< Sum of stored tensor bytes.
   size_t num_tensors = 0;
+  /// Distributed saves: every replicated entry of the state (whichever rank writes it) as
+  /// "key dtype shape", sorted, so that rank 0 can check that all ranks hold the same set.
+  std::vector<std::string> replicated;
 };
 
 /// The dtype `entry` is stored as under `options` (integer/bool tensors never convert).
@@ -69,8 +80,9 @@ at::ScalarType stored_dtype(const std::string& key, const StateEntry& entry,
 /// for automatic (one file per ~1 GiB, capped by `max_auto_shards`). Tensors are assigned to
 /// files greedily by size (largest first to the lightest file) and ordered within a file by
 /// element size descending, then name. Errors: InvalidArgument naming the key (undefined tensor,
-/// unsupported dtype, sparse/quantized tensor).
+/// unsupported dtype, sparse/quantized tensor). With `ranks.world_size` > 1 the plan holds only
+/// what `ranks.rank` writes (see RankOf) and its files are named after the rank.
 Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chunk_bytes,
-               const std::string& id, int max_auto_shards);
+               const std::string& id, int max_auto_shards, RankOf ranks = {});
 
 }  // namespace tsnap::plan

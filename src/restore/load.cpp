@@ -21,11 +21,20 @@
 namespace tsnap {
 namespace {
 
+// The snapshot's keys, once each (a key stored as pieces has several records).
 std::vector<std::string> record_names(const Manifest& m) {
   std::vector<std::string> names;
   names.reserve(m.tensors.size());
-  for (const TensorRecord& t : m.tensors) names.push_back(t.name);
+  for (const TensorRecord& t : m.tensors) {
+    if (names.empty() || names.back() != t.name) names.push_back(t.name);
+  }
   return names;
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
 }
 
 std::string join(const std::vector<std::string>& items) {
@@ -55,15 +64,15 @@ std::optional<std::string> mismatch(const TensorRecord& r, const at::Tensor& des
   return std::nullopt;
 }
 
-// Every file that holds one of `keys` exists with the size the manifest gives it (the full
+// Every file that holds one of `targets` exists with the size the manifest gives it (the full
 // checks of each shard follow when it is opened for reading).
 void check_file_sizes(const format::SnapshotDir& dir, const Manifest& m,
-                      const restore::RecordIndex& index, const std::vector<std::string>& keys) {
+                      const std::vector<restore::Target>& targets) {
   std::map<std::string, uint64_t> sizes;
   for (const FileRecord& f : m.files) sizes.emplace(f.name, f.size);
   std::set<std::string> checked;
-  for (const std::string& k : keys) {
-    const std::string& file = index.at(k)->file;
+  for (const restore::Target& t : targets) {
+    const std::string& file = t.record->file;
     if (!checked.insert(file).second) continue;
     const std::string path = dir.label(file);
     const format::OpenedFile opened = format::open_snapshot_file(dir, file, "shard");
@@ -75,15 +84,59 @@ void check_file_sizes(const format::SnapshotDir& dir, const Manifest& m,
   }
 }
 
-// A new tensor for `r`; an allocation failure becomes a tsnap error naming the tensor.
-at::Tensor allocate(const TensorRecord& r) {
+// A new tensor for `r`, of `shape`; an allocation failure becomes a tsnap error naming it.
+at::Tensor allocate(const TensorRecord& r, const std::vector<int64_t>& shape) {
   try {
-    return at::empty(r.shape, at::TensorOptions().dtype(r.dtype));
+    return at::empty(shape, at::TensorOptions().dtype(r.dtype));
   } catch (const std::exception& e) {
-    throw_error(ErrorCode::kUnsupported, "cannot allocate tensor '" + r.name + "' (" +
-                                             std::to_string(r.end - r.begin) +
-                                             " bytes): " + e.what());
+    throw_error(ErrorCode::kUnsupported,
+                "cannot allocate tensor '" + r.name + "' (" +
+                    std::to_string(numel_of(shape) * c10::elementSize(r.dtype)) +
+                    " bytes): " + e.what());
   }
+}
+
+// Adds the targets that fill the box `want` of key's global tensor `global` from its stored
+// `pieces` into `data` (`dtype`, `want` stored densely). Returns why it cannot, or nothing.
+std::optional<std::string> add_box_targets(const std::vector<const TensorRecord*>& pieces,
+                                           const std::vector<int64_t>& global,
+                                           const restore::Box& want, void* data,
+                                           at::ScalarType dtype,
+                                           std::vector<restore::Target>* targets) {
+  const TensorRecord& first = *pieces.front();
+  if (want.offsets.size() != global.size() || want.shape.size() != global.size()) {
+    return "the destination's ShardSpec has " + std::to_string(global.size()) +
+           " dimensions and offsets for " + std::to_string(want.offsets.size()) +
+           ", but the tensor has " + std::to_string(want.shape.size());
+  }
+  const std::vector<int64_t>& stored = restore::global_shape_of(first);
+  if (global != stored) {
+    return "global shape " + shape_text(stored) + " in the snapshot, " + shape_text(global) +
+           " in the destination";
+  }
+  if (dtype != first.dtype && !(format::is_floating(first.dtype) && format::is_floating(dtype))) {
+    return std::string("dtype ") + c10::toString(first.dtype) +
+           " in the snapshot cannot be loaded into " + c10::toString(dtype) +
+           " (only floating dtypes convert)";
+  }
+  const size_t mark = targets->size();
+  int64_t covered = 0;
+  for (const TensorRecord* p : pieces) {
+    const restore::Box box = restore::box_of(*p);
+    std::vector<restore::Run> runs = restore::overlap_runs(box, want);
+    if (runs.empty()) continue;
+    for (const restore::Run& r : runs) covered += static_cast<int64_t>(r.n);
+    if (box == want) runs.clear();  // the whole piece, in order
+    targets->push_back({p, data, dtype, std::move(runs)});
+  }
+  if (covered != numel_of(want.shape)) {
+    targets->resize(mark);
+    return "the snapshot's " + std::to_string(pieces.size()) + " pieces hold " +
+           std::to_string(covered) + " of the " + std::to_string(numel_of(want.shape)) +
+           " elements asked for (offsets " + shape_text(want.offsets) + ", shape " +
+           shape_text(want.shape) + ")";
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -91,30 +144,45 @@ at::Tensor allocate(const TensorRecord& r) {
 StateDict load(const std::filesystem::path& path, const LoadOptions& options) {
   return restore::read_snapshot(path, [&](const format::SnapshotDir& dir) {
     const Manifest m = format::read_manifest_in(dir);
-    const restore::RecordIndex index = restore::index_records(m);
+    const restore::PieceIndex index = restore::index_pieces(m);
     const std::vector<std::string> keys =
         detail::select_keys(record_names(m), options.include, options.exclude, /*strict=*/false);
-    std::vector<at::Tensor> out;
+    // A key stored whole (or as the one piece a process saved) comes back as stored, with its
+    // ShardSpec; a key stored as pieces is assembled into its global tensor, which they must
+    // cover.
     std::vector<restore::Target> targets;
-    out.reserve(keys.size());
+    for (const std::string& k : keys) {
+      const std::vector<const TensorRecord*>& pieces = index.at(k);
+      if (pieces.size() == 1) {
+        targets.push_back({pieces[0], nullptr, pieces[0]->dtype, {}});
+        continue;
+      }
+      const std::vector<int64_t>& global = restore::global_shape_of(*pieces[0]);
+      const restore::Box whole{std::vector<int64_t>(global.size(), 0), global};
+      if (const auto why = add_box_targets(pieces, global, whole, nullptr, pieces[0]->dtype,
+                                           &targets)) {
+        throw_error(ErrorCode::kUnsupported, "tensor '" + k + "' cannot be assembled: " + *why +
+                                                 "; load the pieces you need with load_into "
+                                                 "and ShardSpec destinations");
+      }
+    }
     // The manifest's sizes are believed only once the files are there with those sizes: a
     // manifest claiming a 1 TiB tensor over a small shard fails here, before any allocation.
-    check_file_sizes(dir, m, index, keys);
-    for (const std::string& k : keys) {
-      const TensorRecord* r = index.at(k);
-      out.push_back(allocate(*r));
-      targets.push_back({r, out.back().data_ptr(), r->dtype});
+    check_file_sizes(dir, m, targets);
+    StateDict result;
+    for (size_t i = 0; i < targets.size();) {
+      const TensorRecord& r = *targets[i].record;
+      const bool whole = targets[i].runs.empty() && index.at(r.name).size() == 1;
+      at::Tensor t = allocate(r, whole ? r.shape : restore::global_shape_of(r));
+      result.insert(r.name, t).shard = whole ? r.shard : std::nullopt;
+      for (; i < targets.size() && targets[i].record->name == r.name; ++i) {
+        targets[i].data = t.data_ptr();
+      }
     }
     LoadOptions streaming = options;
     streaming.atomic = false;  // new tensors: a failed load returns nothing anyway
     restore::read_chunks(dir, m, targets, restore::plan_reads(m, targets, options.verify),
                          streaming, /*in_place=*/false);
-
-    StateDict result;
-    for (size_t i = 0; i < targets.size(); ++i) {
-      StateEntry& e = result.insert(keys[i], std::move(out[i]));
-      e.shard = targets[i].record->shard;
-    }
     return result;
   });
 }
@@ -125,7 +193,7 @@ LoadReport load_into_dir(const format::SnapshotDir& dir, StateDict& dest,
                          const LoadOptions& options, std::chrono::steady_clock::time_point t0) {
   const std::filesystem::path& path = dir.path;
   const Manifest m = format::read_manifest_in(dir);
-  const restore::RecordIndex index = restore::index_records(m);
+  const restore::PieceIndex index = restore::index_pieces(m);
   const std::vector<std::string> keys =
       detail::select_keys(dest.keys(), options.include, options.exclude, /*strict=*/false);
 
@@ -138,14 +206,32 @@ LoadReport load_into_dir(const format::SnapshotDir& dir, StateDict& dest,
       missing.push_back(k);
       continue;
     }
-    const at::Tensor& t = dest.at(k);
+    const StateEntry& e = dest.entry(k);
+    const at::Tensor& t = e.tensor;
+    const std::vector<const TensorRecord*>& pieces = it->second;
+    std::optional<std::string> why;
     if (!t.device().is_cpu() || t.layout() != at::kStrided || !t.is_contiguous()) {
       unusable.push_back(k);
-    } else if (const auto why = mismatch(*it->second, t)) {
-      mismatched.push_back(k + ": " + *why);
-    } else {
-      targets.push_back({it->second, t.data_ptr(), t.scalar_type()});
+      continue;
     }
+    if (!e.shard && pieces.size() == 1 && !pieces[0]->shard) {
+      // A whole tensor into a whole tensor.
+      why = mismatch(*pieces[0], t);
+      if (!why) targets.push_back({pieces[0], t.data_ptr(), t.scalar_type(), {}});
+    } else if (!e.shard && pieces.size() == 1 && t.sizes() == at::IntArrayRef(pieces[0]->shape)) {
+      // The one piece a process saved, into a tensor of its shape.
+      why = mismatch(*pieces[0], t);
+      if (!why) targets.push_back({pieces[0], t.data_ptr(), t.scalar_type(), {}});
+    } else {
+      // Resharding: the destination's box of the global tensor (the whole of it without a
+      // ShardSpec) from whichever stored pieces overlap it.
+      const std::vector<int64_t> shape = t.sizes().vec();
+      const restore::Box want{e.shard ? e.shard->offsets : std::vector<int64_t>(shape.size(), 0),
+                              shape};
+      why = add_box_targets(pieces, e.shard ? e.shard->global_shape : shape, want, t.data_ptr(),
+                            t.scalar_type(), &targets);
+    }
+    if (why) mismatched.push_back(k + ": " + *why);
   }
   const std::string where = " (snapshot " + path.string() + "); nothing was written";
   if (!missing.empty()) {

@@ -83,10 +83,10 @@ void scatter(const ChunkRead& c, const uint8_t* buf, const std::vector<Target>& 
     const at::ScalarType from = t.record->dtype;
     const uint8_t* src = buf + p.chunk_off;
     if (from == t.dtype) {
-      std::memcpy(static_cast<uint8_t*>(t.data) + p.tensor_off, src, p.len);
+      std::memcpy(static_cast<uint8_t*>(t.data) + p.dest_off, src, p.len);
     } else {
       const uint64_t in = c10::elementSize(from);
-      uint8_t* dst = static_cast<uint8_t*>(t.data) + p.tensor_off / in * c10::elementSize(t.dtype);
+      uint8_t* dst = static_cast<uint8_t*>(t.data) + p.dest_off / in * c10::elementSize(t.dtype);
       format::convert(src, from, dst, t.dtype, p.len / in);
     }
     written[p.target].fetch_add(p.len, std::memory_order_relaxed);
@@ -252,7 +252,7 @@ std::string written_note(const std::vector<Target>& targets,
   for (size_t i = 0; i < targets.size(); ++i) {
     const uint64_t w = written[i].load();
     if (w == 0) continue;
-    names.push_back(targets[i].record->name + (w < targets[i].record->nbytes() ? " (partly)" : ""));
+    names.push_back(targets[i].record->name + (w < targets[i].stored_bytes() ? " (partly)" : ""));
   }
   if (names.empty()) return "; no destination tensor was written";
   std::string note = "; " + std::to_string(names.size()) + " of " + std::to_string(targets.size()) +

@@ -13,10 +13,24 @@ constexpr uint64_t kBlock = 4096;
 
 }  // namespace
 
+uint64_t Target::stored_bytes() const {
+  if (runs.empty()) return record->nbytes();
+  uint64_t n = 0;
+  for (const Run& r : runs) n += r.n;
+  return n * c10::elementSize(record->dtype);
+}
+
 RecordIndex index_records(const Manifest& manifest) {
   RecordIndex index;
   index.reserve(manifest.tensors.size());
   for (const TensorRecord& t : manifest.tensors) index.emplace(t.name, &t);
+  return index;
+}
+
+PieceIndex index_pieces(const Manifest& manifest) {
+  PieceIndex index;
+  index.reserve(manifest.tensors.size());
+  for (const TensorRecord& t : manifest.tensors) index[t.name].push_back(&t);
   return index;
 }
 
@@ -38,10 +52,20 @@ ReadPlan plan_reads(const Manifest& manifest, const std::vector<Target>& targets
     auto [it, inserted] = file_index.emplace(t.file, plan.files.size());
     if (inserted) plan.files.push_back(manifest.find_file(t.file));
     const uint64_t cb = plan.files[it->second]->chunk_bytes;
-    for (uint64_t c = t.begin / cb; c <= (t.end - 1) / cb; ++c) {
-      const uint64_t lo = std::max(t.begin, c * cb);
-      const uint64_t hi = std::min(t.end, (c + 1) * cb);
-      by_chunk[{it->second, c}].push_back({i, lo - c * cb, lo - t.begin, hi - lo});
+    // Bytes [begin, end) of the file go to stored-dtype byte `dest` of the target's data.
+    const auto add = [&](uint64_t begin, uint64_t end, uint64_t dest) {
+      for (uint64_t c = begin / cb; c <= (end - 1) / cb; ++c) {
+        const uint64_t lo = std::max(begin, c * cb);
+        const uint64_t hi = std::min(end, (c + 1) * cb);
+        by_chunk[{it->second, c}].push_back({i, lo - c * cb, dest + (lo - begin), hi - lo});
+      }
+    };
+    if (targets[i].runs.empty()) {
+      add(t.begin, t.end, 0);
+    } else {
+      for (const Run& r : targets[i].runs) {
+        if (r.n != 0) add(t.begin + r.src * elem, t.begin + (r.src + r.n) * elem, r.dst * elem);
+      }
     }
   }
   plan.chunks.reserve(by_chunk.size());

@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "restore/reshard.h"
 #include "tsnap/manifest.h"
 
 namespace tsnap::restore {
@@ -19,20 +20,28 @@ namespace tsnap::restore {
 /// The manifest must outlive the index.
 using RecordIndex = std::unordered_map<std::string_view, const TensorRecord*>;
 RecordIndex index_records(const Manifest& manifest);
+/// Name -> every record of that name (several for a key stored as pieces), in manifest order.
+using PieceIndex = std::unordered_map<std::string_view, std::vector<const TensorRecord*>>;
+PieceIndex index_pieces(const Manifest& manifest);
 
-/// Where one stored tensor's elements go: `data` holds record->numel() contiguous elements of
-/// `dtype`, which is the stored dtype or, when both are floating, another floating dtype.
+/// Where one stored tensor's elements go: `data` holds elements of `dtype`, which is the stored
+/// dtype or, when both are floating, another floating dtype. Without `runs`, data holds all
+/// record->numel() elements in order; with them (resharding), only the runs are read, each to
+/// its element offset in data.
 struct Target {
   const TensorRecord* record = nullptr;
   void* data = nullptr;
   at::ScalarType dtype = at::kFloat;
+  std::vector<Run> runs;
+  /// Stored bytes this target reads.
+  uint64_t stored_bytes() const;
 };
 
 /// A run of one target's stored bytes inside a chunk.
 struct Piece {
   size_t target = 0;        ///< Index into the targets.
   uint64_t chunk_off = 0;   ///< Byte offset inside what is read of the chunk.
-  uint64_t tensor_off = 0;  ///< Byte offset inside the stored tensor.
+  uint64_t dest_off = 0;    ///< Where it goes in the target's data, in stored-dtype bytes.
   uint64_t len = 0;         ///< Bytes, in the stored dtype.
 };
 

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <set>
 #include <unordered_map>
 
 #include "common/sys_error.h"
@@ -42,6 +43,7 @@ struct SnapshotReader::Impl {
   OpenOptions options;
   Manifest manifest;
   restore::RecordIndex index;  // into `manifest`
+  std::set<std::string> pieced;  // keys stored as several pieces
   std::unordered_map<std::string_view, size_t> file_index;
   mutable std::mutex mu;
   mutable std::vector<std::unique_ptr<Mapping>> maps;  // by file index, made on first use
@@ -49,6 +51,11 @@ struct SnapshotReader::Impl {
   Impl(const format::SnapshotDir& d, const OpenOptions& o)
       : dir(d.duplicate()), options(o), manifest(format::read_manifest_in(dir)) {
     index = restore::index_records(manifest);
+    for (size_t i = 1; i < manifest.tensors.size(); ++i) {
+      if (manifest.tensors[i].name == manifest.tensors[i - 1].name) {
+        pieced.insert(manifest.tensors[i].name);
+      }
+    }
     for (size_t i = 0; i < manifest.files.size(); ++i)
       file_index.emplace(manifest.files[i].name, i);
     maps.resize(manifest.files.size());
@@ -94,7 +101,9 @@ const Manifest& SnapshotReader::manifest() const { return impl_->manifest; }
 std::vector<std::string> SnapshotReader::keys() const {
   std::vector<std::string> out;
   out.reserve(impl_->manifest.tensors.size());
-  for (const TensorRecord& t : impl_->manifest.tensors) out.push_back(t.name);
+  for (const TensorRecord& t : impl_->manifest.tensors) {
+    if (out.empty() || out.back() != t.name) out.push_back(t.name);
+  }
   return out;
 }
 
@@ -105,6 +114,12 @@ const TensorRecord& SnapshotReader::record(const std::string& key) const {
   if (it == impl_->index.end()) {
     throw_error(ErrorCode::kKeyNotFound,
                 "key '" + key + "' is not in snapshot " + impl_->dir.path.string());
+  }
+  if (impl_->pieced.count(key) != 0) {
+    throw_error(ErrorCode::kUnsupported,
+                "tensor '" + key + "' of " + impl_->dir.path.string() +
+                    " is stored as several pieces (a distributed save); read it with "
+                    "tsnap::load or load_into");
   }
   return *it->second;
 }

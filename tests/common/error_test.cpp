@@ -26,7 +26,7 @@ const std::vector<ErrorCode>& all_codes() {
       ErrorCode::kUnsafePath,      ErrorCode::kTruncated,
       ErrorCode::kHashMismatch,    ErrorCode::kBusy,
       ErrorCode::kCancelled,       ErrorCode::kUnsupported,
-      ErrorCode::kInternal};
+      ErrorCode::kPeerFailed,      ErrorCode::kInternal};
   return codes;
 }
 

@@ -404,5 +404,57 @@ TEST(Manifest, RejectsShardOutsideGlobalShape) {
       ErrorCode::kBadManifest, "shard does not lie inside");
 }
 
+
+/// The sample with "layer.weight"'s other half ([0, 4) of the [8, 5] tensor) written by rank 1
+/// in a third file: one key stored as two pieces.
+Manifest pieced() {
+  Manifest m = sample();
+  m.files.push_back({"rank-00001-shard-00000-of-00001.safetensors", 4136, 4096, 8192, {0x1ull}, 1});
+  m.tensors.push_back({"layer.weight", m.files.back().name, at::kBFloat16, at::kFloat, {4, 5},
+                       4096, 4136, ShardSpec{{8, 5}, {0, 0}}});
+  return m;
+}
+
+TEST(Manifest, KeyStoredAsPiecesRoundTrips) {
+  const Manifest m = pieced();
+  const json j = manifest_to_json(m);
+  ASSERT_TRUE(j["tensors"]["layer.weight"].contains("pieces"));
+  EXPECT_EQ(j["tensors"]["layer.weight"]["pieces"].size(), 2u);
+  EXPECT_FALSE(j["weight_map"].contains("layer.weight"));  // no one file holds it
+  EXPECT_EQ(j["files"]["rank-00001-shard-00000-of-00001.safetensors"]["rank"], 1);
+  EXPECT_EQ(json::parse(manifest_to_text(m)), j);
+  const Manifest back = parse_manifest(manifest_to_text(m), kLabel);
+  const auto pieces = back.pieces("layer.weight");
+  ASSERT_EQ(pieces.size(), 2u);
+  EXPECT_EQ(pieces[0]->shard->offsets, (std::vector<int64_t>{0, 0}));  // offsets order
+  EXPECT_EQ(pieces[1]->shard->offsets, (std::vector<int64_t>{4, 0}));
+  EXPECT_EQ(back.find_file("rank-00001-shard-00000-of-00001.safetensors")->rank, 1);
+}
+
+TEST(Manifest, RejectsPiecesThatDoNotFit) {
+  const auto rejected = [](const std::function<void(json&)>& mutate, ErrorCode code,
+                           const std::string& detail) {
+    json j = manifest_to_json(pieced());
+    mutate(j["tensors"]["layer.weight"]["pieces"]);
+    try {
+      parse_manifest(j.dump(), kLabel);
+      ADD_FAILURE() << "accepted pieces that do not fit: " << detail;
+    } catch (const FormatError& e) {
+      EXPECT_EQ(e.code(), code) << e.what();
+      EXPECT_NE(std::string(e.what()).find(detail), std::string::npos) << e.what();
+    }
+  };
+  rejected([](json& p) { p[0]["shard"]["offsets"] = {2, 0}; }, ErrorCode::kBadOffsets,
+           "share elements");
+  rejected([](json& p) { p[0]["shard"]["global_shape"] = {9, 5}; }, ErrorCode::kBadManifest,
+           "disagree on the global shape");
+  rejected([](json& p) { p[0].erase("shard"); }, ErrorCode::kBadManifest, "has no \"shard\"");
+  rejected([](json& p) { p = json::array(); }, ErrorCode::kBadManifest, "non-empty array");
+  // Two records of one key without shards cannot be written either.
+  Manifest m = sample();
+  m.tensors.push_back(m.tensors[0]);
+  EXPECT_THROW(manifest_to_text(m), InvalidArgument);
+}
+
 }  // namespace
 }  // namespace tsnap::format

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
 #include <set>
 
 #include "support/test_util.h"
@@ -114,6 +116,42 @@ TEST(Plan, EmptyStateHasOneEmptyFile) {
   ASSERT_EQ(p.files.size(), 1u);
   EXPECT_TRUE(p.files[0].tensors.empty());
   EXPECT_EQ(p.tensor_bytes, 0u);
+}
+
+}  // namespace
+}  // namespace tsnap::plan
+
+namespace tsnap::plan {
+namespace {
+
+// Each replicated entry is planned by exactly one rank, the same whichever rank plans, and
+// the ranks' bytes are balanced; pieces stay with their rank.
+TEST(PlanRanks, ReplicatedEntriesAreSharedOutOnce) {
+  StateDict sd;
+  for (int i = 0; i < 10; ++i) {
+    sd.insert("w" + std::to_string(i), at::zeros({(i + 1) * 1000}, at::kFloat));
+  }
+  sd.insert("piece", at::zeros({4}, at::kFloat), {}, ShardSpec{{16}, {4}});
+  std::map<std::string, int> owner;
+  std::vector<uint64_t> bytes;
+  for (int r = 0; r < 3; ++r) {
+    const Plan p = make_plan(sd, {}, 1 << 20, "id", 1, {r, 3});
+    EXPECT_EQ(p.replicated.size(), 10u);
+    uint64_t b = 0;
+    for (const PlannedFile& f : p.files) {
+      EXPECT_EQ(f.name.rfind("rank-0000" + std::to_string(r) + "-", 0), 0u) << f.name;
+      for (const PlannedTensor& t : f.tensors) {
+        if (t.name == "piece") continue;
+        EXPECT_TRUE(owner.emplace(t.name, r).second) << t.name << " planned twice";
+        b += t.nbytes();
+      }
+    }
+    bytes.push_back(b);
+  }
+  EXPECT_EQ(owner.size(), 10u);
+  const auto [lo, hi] = std::minmax_element(bytes.begin(), bytes.end());
+  EXPECT_LE(*hi - *lo, 10000u * 4);  // at most the largest entry apart
+  EXPECT_THROW(make_plan(sd, {}, 1 << 20, "id", 1, {3, 3}), InvalidArgument);
 }
 
 }  // namespace

@@ -1,0 +1,227 @@
+// DistGroup and its coordinator over a c10d Store. The keys of save `id` in run `run` (the
+// group's id, published by rank 0 when the group forms):
+//   <prefix>/<run>/<id>/rank-<r>   rank r's report (its manifest part, or its error)
+//   <prefix>/<run>/<id>/outcome    rank 0's verdict: empty = committed, else the error
+// Rank 0 deletes the reports once read; the verdicts are a few bytes each and stay.
+
+#include "tsnap/dist_group.h"
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "format/layout.h"
+#include "pipeline/coordinator.h"
+#include "tsnap/error.h"
+
+namespace tsnap {
+namespace {
+
+std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
+std::string string_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
+
+std::string seconds_text(std::chrono::milliseconds t) {
+  const auto ms = t.count();
+  return ms % 1000 == 0 ? std::to_string(ms / 1000) + " s" : std::to_string(ms) + " ms";
+}
+
+class StoreCoordinator final : public pipeline::Coordinator {
+ public:
+  StoreCoordinator(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
+                   DistOptions options)
+      : store_(std::move(store)), rank_(rank), world_size_(world_size),
+        options_(std::move(options)) {
+    const std::string run_key = options_.prefix + "/run";
+    try {
+      if (rank_ == 0) store_->set(run_key, bytes_of(format::new_save_id()));
+      store_->wait({run_key}, options_.timeout);
+      run_ = string_of(store_->get(run_key));
+    } catch (const std::exception& e) {
+      throw_error(ErrorCode::kPeerFailed, "rank " + std::to_string(rank_) +
+                                              ": the group did not form within " +
+                                              seconds_text(options_.timeout) +
+                                              " (rank 0 must join too): " + e.what());
+    }
+    // A save id is "<16 hex>-<8 hex>" (format::new_save_id): the run's first part, and its
+    // second part plus the save's sequence number.
+    const size_t dash = run_.find('-');
+    if (dash != 16 || run_.size() != 25) {
+      throw_error(ErrorCode::kPeerFailed, "the group's id '" + run_ + "' in the store is not tsnap's");
+    }
+    base_ = static_cast<uint32_t>(std::strtoul(run_.c_str() + 17, nullptr, 16));
+  }
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+
+  std::string next_save_id() override {
+    const uint32_t n = base_ + next_.fetch_add(1);
+    char buf[9];
+    std::snprintf(buf, sizeof buf, "%08x", n);
+    return run_.substr(0, 17) + buf;
+  }
+
+  void publish(const std::string& id, const std::string& report) override {
+    guarded("publish its part of save " + id, [&] { store_->set(key(id, rank_), bytes_of(report)); });
+  }
+
+  std::vector<std::string> gather(const std::string& id) override {
+    std::vector<std::string> keys;
+    for (int r = 0; r < world_size_; ++r) keys.push_back(key(id, r));
+    try {
+      store_->wait(keys, options_.timeout);
+    } catch (const std::exception& e) {
+      std::string missing;
+      int count = 0;
+      for (int r = 0; r < world_size_; ++r) {
+        bool there = false;
+        try {
+          there = store_->check({keys[r]});
+        } catch (const std::exception&) {
+        }
+        if (!there) {
+          missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+          ++count;
+        }
+      }
+      throw_error(ErrorCode::kPeerFailed,
+                  std::string(count == 1 ? "rank " : "ranks ") + missing +
+                      " did not report on save " + id + " within " +
+                      seconds_text(options_.timeout) + " (dead, stuck or not saving): " +
+                      first_line(e.what()));
+    }
+    std::vector<std::string> reports;
+    guarded("read the ranks' parts of save " + id, [&] {
+      for (const std::string& k : keys) {
+        reports.push_back(string_of(store_->get(k)));
+        store_->deleteKey(k);
+      }
+    });
+    return reports;
+  }
+
+  void decide(const std::string& id, const std::string& outcome) override {
+    guarded("publish the outcome of save " + id,
+            [&] { store_->set(outcome_key(id), bytes_of(outcome)); });
+  }
+
+  std::string outcome(const std::string& id) override {
+    const std::string k = outcome_key(id);
+    try {
+      store_->wait({k}, 2 * options_.timeout);
+    } catch (const std::exception& e) {
+      throw_error(ErrorCode::kPeerFailed,
+                  "rank 0 gave no outcome of save " + id + " within " +
+                      seconds_text(2 * options_.timeout) +
+                      " (dead or stuck; nothing was committed by this rank): " +
+                      first_line(e.what()));
+    }
+    std::string out;
+    guarded("read the outcome of save " + id, [&] { out = string_of(store_->get(k)); });
+    return out;
+  }
+
+ private:
+  std::string key(const std::string& id, int r) const {
+    return options_.prefix + "/" + run_ + "/" + id + "/rank-" + std::to_string(r);
+  }
+  std::string outcome_key(const std::string& id) const {
+    return options_.prefix + "/" + run_ + "/" + id + "/outcome";
+  }
+  static std::string first_line(const char* what) {
+    const char* nl = std::strchr(what, '\n');
+    return nl ? std::string(what, nl) : std::string(what);
+  }
+  // Store failures (a lost connection: the rank hosting the store died) become kPeerFailed.
+  template <class F>
+  void guarded(const std::string& what, F&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      throw_error(ErrorCode::kPeerFailed, "rank " + std::to_string(rank_) + " could not " + what +
+                                              " through the store: " + first_line(e.what()));
+    }
+  }
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  int rank_;
+  int world_size_;
+  DistOptions options_;
+  std::string run_;
+  uint32_t base_ = 0;
+  std::atomic<uint32_t> next_{0};
+};
+
+int env_int(const char* name, int lo, int hi) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') {
+    throw_error(ErrorCode::kInvalidArgument,
+                std::string("environment variable ") + name + " is not set (set by torchrun)");
+  }
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  if (*end != '\0' || n < lo || n > hi) {
+    throw_error(ErrorCode::kInvalidArgument, std::string("environment variable ") + name + "=" +
+                                                 v + " is not an integer in [" +
+                                                 std::to_string(lo) + ", " + std::to_string(hi) +
+                                                 "]");
+  }
+  return static_cast<int>(n);
+}
+
+}  // namespace
+
+struct DistGroup::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+};
+
+DistGroup::DistGroup(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
+                     DistOptions options)
+    : rank_(rank), world_size_(world_size), impl_(std::make_unique<Impl>()) {
+  if (!store) throw_error(ErrorCode::kInvalidArgument, "DistGroup needs a store");
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    throw_error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank) +
+                                                 " is not in a group of " +
+                                                 std::to_string(world_size));
+  }
+  if (options.timeout.count() <= 0) {
+    throw_error(ErrorCode::kInvalidArgument, "DistOptions::timeout must be positive");
+  }
+  impl_->store = store;
+  coordinator_ = std::make_shared<StoreCoordinator>(std::move(store), rank, world_size,
+                                                    std::move(options));
+}
+
+DistGroup::~DistGroup() = default;
+
+const c10::intrusive_ptr<c10d::Store>& DistGroup::store() const { return impl_->store; }
+
+std::shared_ptr<DistGroup> DistGroup::from_env(DistOptions options) {
+  const int world = env_int("WORLD_SIZE", 1, 1 << 20);
+  const int rank = env_int("RANK", 0, world - 1);
+  const int port = env_int("MASTER_PORT", 1, 65535);
+  const char* addr = std::getenv("MASTER_ADDR");
+  if (addr == nullptr || *addr == '\0') {
+    throw_error(ErrorCode::kInvalidArgument,
+                "environment variable MASTER_ADDR is not set (set by torchrun)");
+  }
+  c10d::TCPStoreOptions o;
+  o.port = static_cast<uint16_t>(port);
+  o.isServer = rank == 0;
+  o.numWorkers = static_cast<size_t>(world);
+  o.waitWorkers = true;
+  o.timeout = options.timeout;
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    store = c10::make_intrusive<c10d::TCPStore>(addr, o);
+  } catch (const std::exception& e) {
+    throw_error(ErrorCode::kPeerFailed, "rank " + std::to_string(rank) +
+                                            " could not reach the store at " + addr + ":" +
+                                            std::to_string(port) + ": " + e.what());
+  }
+  return std::make_shared<DistGroup>(std::move(store), rank, world, std::move(options));
+}
+
+}  // namespace tsnap

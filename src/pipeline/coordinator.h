@@ -1,0 +1,32 @@
+#pragma once
+// What a distributed save needs from its process group: agreeing on save ids, publishing each
+// rank's report, and rank 0's verdict. The pipeline sees only this interface; src/dist/
+// implements it over a c10d Store (tsnap::DistGroup), and tests can fake it.
+
+#include <string>
+#include <vector>
+
+namespace tsnap::pipeline {
+
+/// Thread-safety: every method may be called from several saves' threads at once.
+class Coordinator {
+ public:
+  virtual ~Coordinator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  /// The id of this rank's next save: every rank's k-th call returns the same id (ranks start
+  /// saves in the same order, as they call collectives). Never blocks.
+  virtual std::string next_save_id() = 0;
+  /// Publishes this rank's report on save `id` (its manifest part, or its error).
+  virtual void publish(const std::string& id, const std::string& report) = 0;
+  /// Rank 0: every rank's report in rank order. Throws tsnap::Error naming the ranks that did not
+  /// report within the group's timeout.
+  virtual std::vector<std::string> gather(const std::string& id) = 0;
+  /// Rank 0: publishes the outcome of save `id`: empty when committed, else the error.
+  virtual void decide(const std::string& id, const std::string& outcome) = 0;
+  /// Other ranks: rank 0's outcome of save `id`. Throws tsnap::Error when it does not come
+  /// within the group's timeout (rank 0 dead or stuck).
+  virtual std::string outcome(const std::string& id) = 0;
+};
+
+}  // namespace tsnap::pipeline

@@ -1,0 +1,109 @@
+#include "pipeline/rank_report.h"
+
+#include <algorithm>
+
+#include "format/manifest_io.h"
+#include "tsnap/error.h"
+
+namespace tsnap::pipeline {
+namespace {
+
+using nlohmann::json;
+
+[[noreturn]] void disagree(const std::string& what) {
+  throw_error(ErrorCode::kInvalidArgument, "the ranks of a distributed save disagree: " + what);
+}
+
+// The first entry of one sorted list missing from the other, as a message, or "".
+std::string first_difference(const std::vector<std::string>& a, int ra,
+                             const std::vector<std::string>& b, int rb) {
+  std::vector<std::string> only_a, only_b;
+  std::set_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(only_a));
+  std::set_difference(b.begin(), b.end(), a.begin(), a.end(), std::back_inserter(only_b));
+  const auto say = [](const std::string& entry, int in, int not_in) {
+    return "replicated tensor '" + entry + "' is on rank " + std::to_string(in) +
+           " but not on rank " + std::to_string(not_in);
+  };
+  if (!only_a.empty()) return say(only_a.front(), ra, rb);
+  if (!only_b.empty()) return say(only_b.front(), rb, ra);
+  return "";
+}
+
+}  // namespace
+
+json error_json(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& err) {
+    return {{"code", static_cast<int>(err.code())},
+            {"message", err.what()},
+            {"errno", err.sys_errno()}};
+  } catch (const std::exception& err) {
+    return {{"code", static_cast<int>(ErrorCode::kInternal)}, {"message", err.what()}};
+  } catch (...) {
+    return {{"code", static_cast<int>(ErrorCode::kInternal)}, {"message", "unknown exception"}};
+  }
+}
+
+std::exception_ptr error_from_json(const json& j) {
+  const int code = j.value("code", static_cast<int>(ErrorCode::kInternal));
+  const bool known = code >= 0 && code <= static_cast<int>(ErrorCode::kInternal);
+  return make_error(known ? static_cast<ErrorCode>(code) : ErrorCode::kInternal,
+                    j.value("message", std::string("(no message)")), j.value("errno", 0));
+}
+
+std::string merge_parts(const std::vector<std::string>& reports, const json& metadata) {
+  std::vector<json> parsed;
+  parsed.reserve(reports.size());
+  for (size_t r = 0; r < reports.size(); ++r) {
+    try {
+      parsed.push_back(json::parse(reports[r]));
+    } catch (const json::exception& e) {
+      throw_error(ErrorCode::kInternal,
+                  "rank " + std::to_string(r) + "'s report is not JSON: " + e.what());
+    }
+  }
+  for (size_t r = 0; r < parsed.size(); ++r) {
+    if (const auto it = parsed[r].find("error"); it != parsed[r].end()) {
+      json e = *it;
+      e["message"] = "rank " + std::to_string(r) + " failed: " + e.value("message", "");
+      std::rethrow_exception(error_from_json(e));
+    }
+  }
+  const std::string name = parsed[0].value("name", "");
+  const auto replicated0 = parsed[0].value("replicated", std::vector<std::string>{});
+  for (size_t r = 1; r < parsed.size(); ++r) {
+    const std::string other = parsed[r].value("name", "");
+    if (other != name) {
+      disagree("rank 0 saves '" + name + "', rank " + std::to_string(r) + " saves '" + other + "'");
+    }
+    const std::string diff = first_difference(
+        replicated0, 0, parsed[r].value("replicated", std::vector<std::string>{}),
+        static_cast<int>(r));
+    if (!diff.empty()) disagree(diff);
+  }
+
+  Manifest merged;
+  for (size_t r = 0; r < parsed.size(); ++r) {
+    const std::string label = "rank " + std::to_string(r) + "'s manifest part";
+    Manifest part = format::parse_manifest(parsed[r].value("manifest", ""), label);
+    if (r == 0) {
+      merged = std::move(part);
+      continue;
+    }
+    for (FileRecord& f : part.files) merged.files.push_back(std::move(f));
+    for (TensorRecord& t : part.tensors) merged.tensors.push_back(std::move(t));
+  }
+  merged.metadata = metadata;
+  std::string text;
+  try {
+    text = format::manifest_to_text(merged);
+    format::check_manifest_readable(text);
+    (void)format::parse_manifest(text, "the merged manifest");
+  } catch (const Error& e) {
+    disagree(std::string("their tensors do not fit together: ") + e.what());
+  }
+  return text;
+}
+
+}  // namespace tsnap::pipeline

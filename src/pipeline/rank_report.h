@@ -1,0 +1,28 @@
+#pragma once
+// A rank's report on its part of a distributed save, and rank 0's merge of them into the
+// snapshot's manifest. A report is JSON: {"name", "replicated": ["key dtype shape", ...], and
+// either "manifest": the rank's manifest part as text, or "error": {"code", "message"}}.
+
+#include <exception>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace tsnap::pipeline {
+
+/// `e` as {"code": <ErrorCode>, "message": ...}; an exception that is not a tsnap::Error is
+/// kInternal.
+nlohmann::json error_json(std::exception_ptr e);
+
+/// The error `j` (from error_json) describes, rebuilt as the tsnap::Error subclass of its code.
+std::exception_ptr error_from_json(const nlohmann::json& j);
+
+/// Rank 0: the manifest text of the snapshot that `reports` (one per rank, in rank order)
+/// make together, with user `metadata`. Checked as a reader would check it before it is
+/// returned. Throws the first failed rank's error (its message prefixed with its rank);
+/// InvalidArgument when the ranks disagree on the name or the replicated tensors, or when their
+/// pieces do not fit together (overlap, different global shapes, a key both replicated and
+/// sharded).
+std::string merge_parts(const std::vector<std::string>& reports, const nlohmann::json& metadata);
+
+}  // namespace tsnap::pipeline

@@ -1,0 +1,392 @@
+// Distributed saves (label `dist`): each test spawns its ranks as processes of this program
+// (exec, so no thread state crosses a fork) on 127.0.0.1 with a free port; the ranks form a
+// DistGroup over a TCPStore (and a Gloo process group for the training's own collectives),
+// save, and write their outcome to a file; the parent checks the snapshot and the outcomes.
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifdef USE_C10D_GLOO
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#endif
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "io/fault_engine.h"
+#include "support/on_engine.h"
+#include "support/test_util.h"
+#include "tsnap/dist_group.h"
+#include "tsnap/error.h"
+#include "tsnap/load.h"
+#include "tsnap/manifest.h"
+#include "tsnap/snapshotter.h"
+
+namespace tsnap {
+namespace {
+
+namespace fs = std::filesystem;
+using test_support::bitwise_equal;
+using test_support::make_tensor;
+using test_support::TempDir;
+
+// --- What every rank holds ------------------------------------------------------------------
+
+// The same replicated tensors on every rank (a data-parallel model), of uneven sizes.
+StateDict replicated_state() {
+  StateDict sd;
+  const int64_t sizes[] = {300000, 200000, 150000, 100000, 64000, 10000, 1000, 3};
+  for (int i = 0; i < 8; ++i) {
+    sd.insert("rep." + std::to_string(i), make_tensor(at::kFloat, {sizes[i]}, 100 + i));
+  }
+  sd.insert("rep.steps", make_tensor(at::kLong, {5}, 99));
+  return sd;
+}
+
+// The global tensors that sharded saves cut into pieces.
+std::map<std::string, at::Tensor> globals() {
+  return {{"sh.rows", make_tensor(at::kFloat, {37, 16}, 7)},
+          {"sh.cols", make_tensor(at::kFloat, {8, 10}, 8)},
+          {"sh.vec", make_tensor(at::kDouble, {5}, 9)}};
+}
+
+// [begin, end) of piece `rank` of `n` along a dimension of `size` (sizes differ by at most 1).
+std::pair<int64_t, int64_t> split(int64_t size, int rank, int n) {
+  const int64_t base = size / n, extra = size % n;
+  const int64_t begin = rank * base + std::min<int64_t>(rank, extra);
+  return {begin, begin + base + (rank < extra ? 1 : 0)};
+}
+
+// Rank `rank` of `n`'s pieces of the globals: rows and vec along dim 0, cols along dim 1.
+StateDict pieces(int rank, int n, bool zeros = false) {
+  StateDict sd;
+  for (const auto& [key, g] : globals()) {
+    const int64_t dim = key == "sh.cols" ? 1 : 0;
+    const auto [b, e] = split(g.size(dim), rank, n);
+    at::Tensor piece = g.narrow(dim, b, e - b).contiguous();
+    if (zeros) piece = at::zeros_like(piece);
+    std::vector<int64_t> offsets(static_cast<size_t>(g.dim()), 0);
+    offsets[static_cast<size_t>(dim)] = b;
+    sd.insert(key, piece, {}, ShardSpec{g.sizes().vec(), offsets});
+  }
+  return sd;
+}
+
+// --- The ranks ---------------------------------------------------------------------------------
+
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+
+// What a rank reports to the parent: "ok", or "error <code> <message>".
+void report(const fs::path& file, const std::string& text) { std::ofstream(file) << text; }
+
+std::string outcome_of(SaveHandle& h) {
+  try {
+    h.wait();
+    return "ok";
+  } catch (const Error& e) {
+    return "error " + std::to_string(static_cast<int>(e.code())) + " " + e.what();
+  }
+}
+
+#ifdef USE_C10D_GLOO
+// The training's own collectives: an all-reduce on a Gloo group over the same store.
+double all_reduce_sum(const std::shared_ptr<DistGroup>& group, double value) {
+  static c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  if (!pg) {
+    auto options = c10d::ProcessGroupGloo::Options::create();
+    options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    pg = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        c10::make_intrusive<c10d::PrefixStore>("train", group->store()), group->rank(),
+        group->world_size(), options);
+  }
+  std::vector<at::Tensor> t{at::full({1}, value, at::kDouble)};
+  pg->allreduce(t)->wait();
+  return t[0].item<double>();
+}
+#endif
+
+void run_rank() {
+  const std::string scenario = env("TSNAP_DIST_SCENARIO");
+  const fs::path root = env("TSNAP_DIST_ROOT");
+  const fs::path out = root.parent_path() / ("rank-" + std::string(env("RANK")) + ".txt");
+  DistOptions dopt;
+  dopt.timeout = std::chrono::milliseconds(std::atoi(env("TSNAP_DIST_TIMEOUT_MS")));
+  std::shared_ptr<DistGroup> group = DistGroup::from_env(dopt);
+  const int rank = group->rank(), world = group->world_size();
+  SnapshotterOptions o;
+  o.root = root;
+  o.staging_budget_bytes = 8 << 20;
+  o.chunk_bytes = 256 << 10;
+  o.group = group;
+
+  if (scenario == "replicated" || scenario == "sharded") {
+    Snapshotter snap(o);
+    StateDict sd = scenario == "replicated" ? replicated_state() : pieces(rank, world);
+    if (scenario == "sharded") {
+      for (auto& [key, entry] : replicated_state()) sd.insert(key, entry.tensor);
+    }
+    SaveHandle h = snap.save_async("snap", sd, {{"step", 7}});
+    std::string text = outcome_of(h);
+#ifdef USE_C10D_GLOO
+    // Collectives of the training right after save_async: the save coordinates through the
+    // store on tsnap's threads, so neither waits for the other.
+    const double sum = all_reduce_sum(group, rank + 1.0);
+    if (sum != world * (world + 1) / 2.0) text = "error all_reduce gave " + std::to_string(sum);
+#endif
+    report(out, text);
+  } else if (scenario == "killed") {
+    Snapshotter snap(o);
+    SaveHandle first = snap.save_async("first", replicated_state());
+    std::string text = outcome_of(first);
+    if (text == "ok") {
+      SaveHandle h = snap.save_async("second", replicated_state());
+      if (rank == 1) ::raise(SIGKILL);  // dies with its writes in flight
+      text = outcome_of(h);
+    }
+    report(out, text);
+  } else if (scenario == "write_fails") {
+    io::Faults faults;
+    faults.fail_write = rank == 1 ? 2 : 0;
+    auto engine = std::make_shared<io::FaultInjectingEngine>(io::make_pwrite_engine(2), faults);
+    Snapshotter snap = test_support::on_engine(engine, [&] { return Snapshotter(o); });
+    SaveHandle h = snap.save_async("snap", replicated_state());
+    report(out, outcome_of(h));
+  } else if (scenario == "keys_differ") {
+    Snapshotter snap(o);
+    StateDict sd = replicated_state();
+    if (rank == 1) sd.insert("rep.extra", make_tensor(at::kFloat, {10}, 5));
+    SaveHandle h = snap.save_async("snap", sd);
+    report(out, outcome_of(h));
+  } else {
+    report(out, "error unknown scenario " + scenario);
+  }
+}
+
+TEST(DistRank, Run) {
+  if (std::getenv("TSNAP_DIST_SCENARIO") == nullptr) GTEST_SKIP() << "runs only as a rank";
+  try {
+    run_rank();
+  } catch (const std::exception& e) {
+    const fs::path root = env("TSNAP_DIST_ROOT");
+    report(root.parent_path() / ("rank-" + std::string(env("RANK")) + ".txt"),
+           std::string("error thrown ") + e.what());
+  }
+  std::_Exit(0);  // skip static destructors (the Gloo group's threads)
+}
+
+// --- The parent --------------------------------------------------------------------------------
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+struct Ranks {
+  std::vector<int> statuses;       // waitpid statuses, by rank
+  std::vector<std::string> texts;  // what each rank reported ("" if nothing)
+};
+
+// Runs `world` ranks of `scenario` with the snapshot root `<dir>/root`; kills them all if they
+// have not ended within `limit`.
+Ranks run_ranks(const std::string& scenario, int world, const fs::path& dir, int timeout_ms,
+                std::chrono::seconds limit = std::chrono::seconds(60)) {
+  const std::string port = std::to_string(free_port());
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setenv("TSNAP_DIST_SCENARIO", scenario.c_str(), 1);
+      ::setenv("TSNAP_DIST_ROOT", (dir / "root").c_str(), 1);
+      ::setenv("TSNAP_DIST_TIMEOUT_MS", std::to_string(timeout_ms).c_str(), 1);
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", port.c_str(), 1);
+      execl("/proc/self/exe", "dist_test", "--gtest_filter=DistRank.Run", "--gtest_brief=1", nullptr);
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  Ranks out;
+  out.statuses.assign(static_cast<size_t>(world), -1);
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  int left = world;
+  while (left > 0) {
+    for (int r = 0; r < world; ++r) {
+      if (out.statuses[r] != -1) continue;
+      int status = 0;
+      if (::waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+        out.statuses[r] = status;
+        --left;
+      }
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (int r = 0; r < world; ++r) {
+        if (out.statuses[r] == -1) ::kill(pids[r], SIGKILL);
+      }
+      for (int r = 0; r < world; ++r) {
+        if (out.statuses[r] == -1) ::waitpid(pids[r], &out.statuses[r], 0);
+      }
+      ADD_FAILURE() << scenario << ": ranks still running after " << limit.count() << " s";
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (int r = 0; r < world; ++r) {
+    std::ifstream in(dir / ("rank-" + std::to_string(r) + ".txt"));
+    std::stringstream text;
+    text << in.rdbuf();
+    out.texts.push_back(text.str());
+  }
+  return out;
+}
+
+bool has_temporaries(const fs::path& root) {
+  for (const auto& e : fs::directory_iterator(root)) {
+    if (e.path().filename().string().rfind('.', 0) == 0 &&
+        e.path().filename().string().find(".tmp-") != std::string::npos) {
+      return true;
+    }
+  }
+  return false;
+}
+
+class DistSave : public ::testing::TestWithParam<int> {};
+
+TEST_P(DistSave, ReplicatedTensorsAreWrittenOnceAndBalanced) {
+  const int world = GetParam();
+  TempDir dir;
+  const Ranks ranks = run_ranks("replicated", world, dir.path(), 20000);
+  for (int r = 0; r < world; ++r) EXPECT_EQ(ranks.texts[r], "ok") << "rank " << r;
+
+  const fs::path snap = dir / "root" / "snap";
+  const Manifest m = read_manifest(snap);
+  EXPECT_EQ(m.world_size, world);
+  const StateDict expected = replicated_state();
+  EXPECT_EQ(m.tensors.size(), expected.size());  // each key once
+  std::vector<uint64_t> bytes(static_cast<size_t>(world), 0);
+  for (const TensorRecord& t : m.tensors) {
+    EXPECT_FALSE(t.shard.has_value()) << t.name;
+    bytes[static_cast<size_t>(m.find_file(t.file)->rank)] += t.nbytes();
+  }
+  // Greedy by size: no rank holds more than the lightest one plus the largest tensor.
+  const uint64_t largest = 300000 * 4;
+  EXPECT_LE(*std::max_element(bytes.begin(), bytes.end()),
+            *std::min_element(bytes.begin(), bytes.end()) + largest);
+  for (int r = 0; r < world; ++r) EXPECT_GT(bytes[r], 0u) << "rank " << r << " wrote nothing";
+  EXPECT_EQ(m.metadata.value("step", 0), 7);
+
+  const StateDict back = load(snap);
+  for (const auto& [key, entry] : expected) {
+    EXPECT_TRUE(bitwise_equal(back.at(key), entry.tensor)) << key;
+  }
+  EXPECT_TRUE(verify(snap).empty());
+  EXPECT_FALSE(has_temporaries(dir / "root"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DistSave, ::testing::Values(2, 4));
+
+TEST(DistSave, ShardedOnFourRestoresOnTwoAndOne) {
+  TempDir dir;
+  const Ranks ranks = run_ranks("sharded", 4, dir.path(), 20000);
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(ranks.texts[r], "ok") << "rank " << r;
+  const fs::path snap = dir / "root" / "snap";
+  const Manifest m = read_manifest(snap);
+  EXPECT_EQ(m.world_size, 4);
+  EXPECT_EQ(m.pieces("sh.rows").size(), 4u);
+  EXPECT_EQ(m.pieces("sh.vec").size(), 4u);
+
+  // One process: each sharded key comes back whole.
+  const StateDict one = load(snap);
+  for (const auto& [key, g] : globals()) {
+    EXPECT_TRUE(bitwise_equal(one.at(key), g)) << key;
+    EXPECT_FALSE(one.entry(key).shard.has_value()) << key;
+  }
+  for (const auto& [key, entry] : replicated_state()) {
+    EXPECT_TRUE(bitwise_equal(one.at(key), entry.tensor)) << key;
+  }
+  // Two processes: each asks for its half, cut differently from how it was saved.
+  for (int r = 0; r < 2; ++r) {
+    StateDict dest = pieces(r, 2, /*zeros=*/true);
+    const LoadReport report = load_into(snap, dest);
+    EXPECT_EQ(report.loaded.size(), 3u);
+    const StateDict want = pieces(r, 2);
+    for (const auto& [key, entry] : want) {
+      EXPECT_TRUE(bitwise_equal(dest.at(key), entry.tensor)) << key << " rank " << r;
+    }
+  }
+  // A replicated tensor can be loaded as a piece too.
+  StateDict part;
+  part.insert("rep.0", at::zeros({1000}, at::kFloat), {}, ShardSpec{{300000}, {5000}});
+  load_into(snap, part);
+  EXPECT_TRUE(bitwise_equal(part.at("rep.0"), replicated_state().at("rep.0").narrow(0, 5000, 1000)));
+  // A piece that reaches outside the global tensor is refused, naming the key.
+  StateDict bad;
+  bad.insert("sh.vec", at::zeros({3}, at::kDouble), {}, ShardSpec{{5}, {4}});
+  EXPECT_THROW(load_into(snap, bad), InvalidArgument);
+}
+
+TEST(DistSave, KilledRankFailsTheSaveOnEveryRankWithinTheTimeout) {
+  TempDir dir;
+  const auto t0 = std::chrono::steady_clock::now();
+  const Ranks ranks = run_ranks("killed", 3, dir.path(), 3000);
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(WIFSIGNALED(ranks.statuses[1]));
+  for (int r : {0, 2}) {
+    EXPECT_EQ(ranks.texts[r].rfind("error " + std::to_string(static_cast<int>(ErrorCode::kPeerFailed)), 0), 0u)
+        << "rank " << r << ": " << ranks.texts[r];
+    EXPECT_NE(ranks.texts[r].find("rank 1"), std::string::npos) << ranks.texts[r];
+  }
+  EXPECT_LT(took, 30.0);
+  EXPECT_FALSE(fs::exists(dir / "root" / "second"));
+  const StateDict first = load(dir / "root" / "first");
+  EXPECT_TRUE(bitwise_equal(first.at("rep.0"), replicated_state().at("rep.0")));
+  EXPECT_FALSE(has_temporaries(dir / "root"));
+}
+
+TEST(DistSave, FailedWriteOnOneRankFailsEveryRank) {
+  TempDir dir;
+  const Ranks ranks = run_ranks("write_fails", 2, dir.path(), 20000);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ranks.texts[r].rfind("error", 0), 0u) << "rank " << r << ": " << ranks.texts[r];
+  }
+  EXPECT_NE(ranks.texts[0].find("rank 1 failed"), std::string::npos) << ranks.texts[0];
+  EXPECT_NE(ranks.texts[1].find("Input/output error"), std::string::npos) << ranks.texts[1];
+  EXPECT_FALSE(fs::exists(dir / "root" / "snap"));
+  EXPECT_FALSE(has_temporaries(dir / "root"));
+}
+
+TEST(DistSave, RanksWithDifferentKeysGetAClearErrorAndNoSnapshot) {
+  TempDir dir;
+  const Ranks ranks = run_ranks("keys_differ", 2, dir.path(), 20000);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(ranks.texts[r].find("'rep.extra F32 [10]' is on rank 1 but not on rank 0"),
+              std::string::npos)
+        << "rank " << r << ": " << ranks.texts[r];
+  }
+  EXPECT_FALSE(fs::exists(dir / "root" / "snap"));
+  EXPECT_FALSE(has_temporaries(dir / "root"));
+}
+
+}  // namespace
+}  // namespace tsnap
