@@ -114,6 +114,15 @@ struct TSNAP_API PeriodicOptions {
 /// crash at any moment leaves at least one complete snapshot. Stale temporaries of crashed
 /// writers are removed when a Snapshotter starts alone on the root (a `flock` on the root).
 ///
+/// Distributed (the Snapshotter has a DistGroup; every rank runs the same hook and calls
+/// `after_step` with the same steps): steps-based snapshots are taken by every rank at the same
+/// steps; a time-based snapshot (rank 0's clock) or a signal (on any rank) is posted to the group
+/// as a snapshot at a step a little ahead (about 0.25 s of training, at least 2 steps), which
+/// every rank takes; a signal on one rank so stops every rank after the same final snapshot.
+/// A due snapshot always waits for the previous one (WhenBusy::kSkip would let ranks decide
+/// differently); rank 0 alone applies retention; `resume` picks the same snapshot on every rank
+/// (they read the same root).
+///
 /// Errors of background saves do not interrupt training: they are logged, counted, and thrown
 /// by `finish()`; the final snapshot's error is thrown by the `after_step` that took it.
 ///

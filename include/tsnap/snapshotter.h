@@ -73,6 +73,8 @@ class TSNAP_API Snapshotter {
   const std::filesystem::path& root() const;
   /// The engine in use ("io_uring" or "pwrite") and whether O_DIRECT is on.
   std::string engine_name() const;
+  /// The group of a distributed Snapshotter (SnapshotterOptions::group), null otherwise.
+  const std::shared_ptr<DistGroup>& group() const;
   /// The newest committed snapshot under root (see tsnap::latest), if any.
   std::optional<std::filesystem::path> latest() const;
 

@@ -2,6 +2,7 @@
 // group's id, published by rank 0 when the group forms):
 //   <prefix>/<run>/<id>/rank-<r>   rank r's report (its manifest part, or its error)
 //   <prefix>/<run>/<id>/outcome    rank 0's verdict: empty = committed, else the error
+//   <prefix>/<run>/triggers, trigger-<n>   periodic hooks' snapshot triggers, in posting order
 // Rank 0 deletes the reports once read; the verdicts are a few bytes each and stay.
 
 #include "tsnap/dist_group.h"
@@ -107,6 +108,24 @@ class StoreCoordinator final : public pipeline::Coordinator {
             [&] { store_->set(outcome_key(id), bytes_of(outcome)); });
   }
 
+  int64_t post_trigger(const std::string& text) override {
+    int64_t index = 0;
+    guarded("post a snapshot trigger", [&] {
+      index = store_->add(options_.prefix + "/" + run_ + "/triggers", 1) - 1;
+      store_->set(trigger_key(index), bytes_of(text));
+    });
+    return index;
+  }
+
+  std::string poll_trigger(int64_t index) override {
+    std::string out;
+    guarded("read the snapshot triggers", [&] {
+      const std::string k = trigger_key(index);
+      if (store_->check({k})) out = string_of(store_->get(k));
+    });
+    return out;
+  }
+
   std::string outcome(const std::string& id) override {
     const std::string k = outcome_key(id);
     try {
@@ -126,6 +145,9 @@ class StoreCoordinator final : public pipeline::Coordinator {
  private:
   std::string key(const std::string& id, int r) const {
     return options_.prefix + "/" + run_ + "/" + id + "/rank-" + std::to_string(r);
+  }
+  std::string trigger_key(int64_t index) const {
+    return options_.prefix + "/" + run_ + "/trigger-" + std::to_string(index);
   }
   std::string outcome_key(const std::string& id) const {
     return options_.prefix + "/" + run_ + "/" + id + "/outcome";

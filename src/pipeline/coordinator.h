@@ -27,6 +27,13 @@ class Coordinator {
   /// Other ranks: rank 0's outcome of save `id`. Throws tsnap::Error when it does not come
   /// within the group's timeout (rank 0 dead or stuck).
   virtual std::string outcome(const std::string& id) = 0;
+
+  /// Periodic hooks: appends `text` to the group's sequence of triggers (a snapshot due at a
+  /// step, decided by one rank, that every rank takes) and returns its index.
+  virtual int64_t post_trigger(const std::string& text) = 0;
+  /// The trigger at `index` (0-based, in posting order), or "" when none is posted yet.
+  /// Never blocks for long: a single round trip.
+  virtual std::string poll_trigger(int64_t index) = 0;
 };
 
 }  // namespace tsnap::pipeline

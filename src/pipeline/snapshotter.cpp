@@ -226,6 +226,8 @@ void Snapshotter::wait_all() {
 
 const fs::path& Snapshotter::root() const { return impl_->res.options.root; }
 
+const std::shared_ptr<DistGroup>& Snapshotter::group() const { return impl_->res.options.group; }
+
 std::string Snapshotter::engine_name() const { return impl_->res.host->name(); }
 
 std::optional<fs::path> Snapshotter::latest() const { return tsnap::latest(root()); }

@@ -11,17 +11,22 @@
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <cmath>
 #include <cstdio>
+#include <deque>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <mutex>
 #include <optional>
 #include <thread>
 
 #include "format/layout.h"
+#include "pipeline/coordinator.h"
 #include "policy/retention.h"
 #include "policy/summary.h"
 #include "tsnap/catalog.h"
 #include "tsnap/checkpoint.h"
+#include "tsnap/dist_group.h"
 #include "tsnap/error.h"
 #include "tsnap/snapshotter.h"
 
@@ -63,6 +68,8 @@ struct PeriodicSnapshots::Impl {
   ~Impl();
 
   // Training thread.
+  void after_step_distributed(int64_t step);
+  void propose(int64_t step, SnapshotReason reason, int sig);
   void start_save(int64_t step, SnapshotReason reason, Clock::time_point began);
   void final_snapshot(int64_t step, int sig, Clock::time_point began);
   void restart_timer();
@@ -71,6 +78,7 @@ struct PeriodicSnapshots::Impl {
 
   // Hook thread.
   void arm_timer(uint64_t epoch);
+  void poll_triggers();
   void wait_for_signal();
   void chain(int sig);
   void restore_signals();
@@ -97,6 +105,25 @@ struct PeriodicSnapshots::Impl {
   // Training thread only.
   SaveHandle current;
   std::optional<int64_t> last_step;
+
+  // Distributed hooks (the Snapshotter has a DistGroup): a snapshot due by time (rank 0's
+  // timer) or by a signal (on any rank) is posted to the group as a trigger for a step a little
+  // ahead (kLeadSeconds of training at the proposer's pace); every rank's hook thread polls the
+  // triggers and every rank saves at that step. Steps-based snapshots need no agreement.
+  struct Trigger {
+    int64_t step;
+    SnapshotReason reason;
+    int sig;
+  };
+  static constexpr double kLeadSeconds = 0.25;
+  static constexpr int64_t kMinLeadSteps = 2;
+  pipeline::Coordinator* coord = nullptr;
+  asio::steady_timer poll_timer{io};
+  int64_t next_trigger = 0;  // hook thread
+  bool poll_failed = false;  // hook thread: logged once
+  std::deque<Trigger> agreed;  // guarded by mu
+  Clock::time_point last_after_step{};  // training thread
+  double step_s = 0;                    // training thread: moving average of a step's time
 
   mutable std::mutex mu;
   std::condition_variable cv;
@@ -167,8 +194,11 @@ PeriodicSnapshots::Impl::Impl(Snapshotter& snap, Schedule sched, MakeCheckpoint 
         ::sigaction(sig, &now, nullptr);
       }
     }
+    if (const auto& group = snapshotter.group()) coord = group->coordinator().get();
     if (!schedule.options().on_signals.empty()) wait_for_signal();
-    if (schedule.options().every_seconds > 0) arm_timer(0);
+    // In a group, rank 0's clock decides time-based snapshots for all.
+    if (schedule.options().every_seconds > 0 && (!coord || coord->rank() == 0)) arm_timer(0);
+    if (coord) poll_triggers();
     thread = std::thread([this] { io.run(); });
   } catch (...) {
     signals.clear();
@@ -182,6 +212,7 @@ PeriodicSnapshots::Impl::~Impl() {
   wait_processed();
   asio::post(io, [this] {
     timer.cancel();
+    poll_timer.cancel();
     signals.cancel();
     signals.clear();    // Asio resets each signal to SIG_DFL ...
     restore_signals();  // ... and the previous disposition comes back at once
@@ -206,6 +237,29 @@ void PeriodicSnapshots::Impl::arm_timer(uint64_t epoch) {
   timer.expires_after(period);
   timer.async_wait([this, epoch](const boost::system::error_code& ec) {
     if (!ec && epoch == timer_epoch.load()) time_due.store(true);
+  });
+}
+
+void PeriodicSnapshots::Impl::poll_triggers() {
+  try {
+    for (;;) {
+      const std::string text = coord->poll_trigger(next_trigger);
+      if (text.empty()) break;
+      ++next_trigger;
+      const nlohmann::json j = nlohmann::json::parse(text);
+      const Trigger t{j.at("step").get<int64_t>(),
+                      j.at("reason") == "signal" ? SnapshotReason::kSignal : SnapshotReason::kTime,
+                      j.value("signal", 0)};
+      std::lock_guard<std::mutex> lock(mu);
+      agreed.push_back(t);
+    }
+  } catch (const std::exception& e) {
+    if (!poll_failed) log(std::string("tsnap: cannot read the group's snapshot triggers: ") + e.what());
+    poll_failed = true;
+  }
+  poll_timer.expires_after(std::chrono::milliseconds(50));
+  poll_timer.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) poll_triggers();
   });
 }
 
@@ -287,7 +341,7 @@ void PeriodicSnapshots::Impl::on_completed(SnapshotRecord record, const SaveHand
   record.committed = error == nullptr;
   if (error) {
     record.error = message_of(error);
-  } else {
+  } else if (!coord || coord->rank() == 0) {  // in a group, rank 0 alone deletes
     try {
       record.deleted = policy::apply_retention(snapshotter.root(), schedule, record.step);
     } catch (const std::exception& e) {
@@ -315,6 +369,73 @@ void PeriodicSnapshots::Impl::on_completed(SnapshotRecord record, const SaveHand
 void PeriodicSnapshots::Impl::wait_processed() {
   std::unique_lock<std::mutex> lock(mu);
   cv.wait(lock, [&] { return pending == 0; });
+}
+
+void PeriodicSnapshots::Impl::propose(int64_t step, SnapshotReason reason, int sig) {
+  const int64_t lead = std::clamp<int64_t>(
+      step_s > 0 ? static_cast<int64_t>(std::ceil(kLeadSeconds / step_s)) : kMinLeadSteps,
+      kMinLeadSteps, 10000);
+  const nlohmann::json t = {{"step", step + lead},
+                            {"reason", to_string(reason)},
+                            {"signal", sig},
+                            {"rank", coord->rank()}};
+  try {
+    coord->post_trigger(t.dump());
+  } catch (const std::exception& e) {
+    log(std::string("tsnap: cannot post a snapshot trigger to the group: ") + e.what());
+  }
+}
+
+void PeriodicSnapshots::Impl::after_step_distributed(int64_t step) {
+  const Clock::time_point now = Clock::now();
+  if (last_after_step != Clock::time_point{}) {
+    const double dt = std::chrono::duration<double>(now - last_after_step).count();
+    step_s = step_s == 0 ? dt : 0.8 * step_s + 0.2 * dt;
+  }
+  last_after_step = now;
+  if (const int sig = signal_pending.exchange(0); sig != 0) {
+    propose(step, SnapshotReason::kSignal, sig);
+  }
+  if (time_due.exchange(false)) {
+    propose(step, SnapshotReason::kTime, 0);
+    restart_timer();
+  }
+  std::optional<Trigger> due;
+  std::vector<Trigger> missed;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    while (!agreed.empty() && agreed.front().step <= step) {
+      const Trigger t = agreed.front();
+      agreed.pop_front();
+      if (t.step < step) {
+        missed.push_back(t);
+      } else if (!due || t.reason == SnapshotReason::kSignal) {
+        due = t;
+      }
+    }
+  }
+  for (const Trigger& t : missed) {
+    log("tsnap: rank " + std::to_string(coord->rank()) + " learned of the " + to_string(t.reason) +
+        " snapshot at step " + std::to_string(t.step) + " only at step " + std::to_string(step) +
+        ": it is missed here and fails on the other ranks");
+  }
+  if (due && due->reason == SnapshotReason::kSignal) {
+    final_snapshot(step, due->sig, now);
+    return;
+  }
+  SnapshotReason reason;
+  if (schedule.due_at_step(step)) {
+    reason = SnapshotReason::kSteps;
+  } else if (due) {
+    reason = SnapshotReason::kTime;
+  } else {
+    return;
+  }
+  if (last_step == step) return;
+  // Always wait for the previous save: whether it is done differs between ranks by a few
+  // milliseconds, so a skip decided by each rank alone could differ too.
+  if (current.valid() && !current.done()) wait_quietly(current);
+  start_save(step, reason, now);
 }
 
 void PeriodicSnapshots::Impl::final_snapshot(int64_t step, int sig, Clock::time_point began) {
@@ -390,6 +511,10 @@ int64_t PeriodicSnapshots::resume(const ApplyCheckpoint& apply) {
 void PeriodicSnapshots::after_step(int64_t step) {
   Impl& m = *impl_;
   if (m.stop_signal.load() != 0) return;
+  if (m.coord) {
+    m.after_step_distributed(step);
+    return;
+  }
   if (const int sig = m.signal_pending.load(); sig != 0) {
     m.final_snapshot(step, sig, Clock::now());
     return;

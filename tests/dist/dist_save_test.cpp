@@ -24,10 +24,13 @@
 #include "io/fault_engine.h"
 #include "support/on_engine.h"
 #include "support/test_util.h"
+#include "tsnap/catalog.h"
+#include "tsnap/checkpoint.h"
 #include "tsnap/dist_group.h"
 #include "tsnap/error.h"
 #include "tsnap/load.h"
 #include "tsnap/manifest.h"
+#include "tsnap/periodic_snapshots.h"
 #include "tsnap/snapshotter.h"
 
 namespace tsnap {
@@ -168,6 +171,44 @@ void run_rank() {
     if (rank == 1) sd.insert("rep.extra", make_tensor(at::kFloat, {10}, 5));
     SaveHandle h = snap.save_async("snap", sd);
     report(out, outcome_of(h));
+  } else if (scenario == "periodic") {
+#ifdef USE_C10D_GLOO
+    // A training loop in lockstep (an all-reduce per step, as data parallel training has):
+    // snapshots every 4 steps and every 0.15 s (rank 0's clock), retention keeps 2, and a
+    // SIGUSR1 on rank 1 alone at step 30 stops both ranks after one final snapshot.
+    Snapshotter snap(o);
+    StateDict sd;
+    sd.insert("w", make_tensor(at::kFloat, {1000}, 0));
+    PeriodicSnapshots hook(
+        snap,
+        Schedule({.every_steps = 4, .every_seconds = 0.15, .on_signals = {SIGUSR1}, .keep_last = 2}),
+        [&] { return Checkpoint::of({{"state", sd}}); }, {.log = nullptr});
+    int64_t step = 0;
+    while (step < 400 && !hook.stop_requested()) {
+      all_reduce_sum(group, 1.0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      ++step;
+      sd.set("w", make_tensor(at::kFloat, {1000}, static_cast<uint64_t>(step)));
+      if (rank == 1 && step == 30) ::raise(SIGUSR1);
+      hook.after_step(step);
+    }
+    const PeriodicStats stats = hook.finish();
+    std::string names;
+    for (const SnapshotRecord& r : stats.snapshots) names += " " + r.name;
+    report(out, "stop " + std::to_string(step) + " signal " + std::to_string(hook.stop_signal()) +
+                    " failed " + std::to_string(stats.failed) + " snapshots" + names);
+#else
+    report(out, "error built without Gloo");
+#endif
+  } else if (scenario == "resume") {
+    Snapshotter snap(o);
+    StateDict sd;
+    sd.insert("w", at::zeros({1000}, at::kFloat));
+    PeriodicSnapshots hook(snap, Schedule({.every_steps = 4}),
+                           [&] { return Checkpoint::of({{"state", sd}}); }, {.log = nullptr});
+    const int64_t step = hook.resume([&](Checkpoint& c) { c.apply({{"state", sd}}); });
+    const bool same = bitwise_equal(sd.at("w"), make_tensor(at::kFloat, {1000}, static_cast<uint64_t>(step)));
+    report(out, "resumed " + std::to_string(step) + (same ? " equal" : " DIFFERENT"));
   } else {
     report(out, "error unknown scenario " + scenario);
   }
@@ -386,6 +427,45 @@ TEST(DistSave, RanksWithDifferentKeysGetAClearErrorAndNoSnapshot) {
   }
   EXPECT_FALSE(fs::exists(dir / "root" / "snap"));
   EXPECT_FALSE(has_temporaries(dir / "root"));
+}
+
+TEST(DistPeriodic, SignalOnOneRankStopsAllAfterOneFinalSnapshotAndTheyResumeAlike) {
+#ifndef USE_C10D_GLOO
+  GTEST_SKIP() << "needs Gloo's headers (libgloo-dev) for the lockstep all-reduce";
+#endif
+  TempDir dir;
+  const Ranks ranks = run_ranks("periodic", 2, dir.path(), 20000);
+  ASSERT_EQ(ranks.texts[0], ranks.texts[1]) << "the ranks saw different runs";
+  std::istringstream in(ranks.texts[0]);
+  std::string word;
+  int64_t stop = 0;
+  int sig = 0, failed = -1;
+  in >> word >> stop >> word >> sig >> word >> failed;
+  EXPECT_EQ(sig, SIGUSR1) << ranks.texts[0];
+  EXPECT_EQ(failed, 0) << ranks.texts[0];
+  EXPECT_GT(stop, 30);
+  EXPECT_LT(stop, 120) << "the signal's snapshot came too late";
+  const fs::path root = dir / "root";
+  const auto newest = latest(root);
+  ASSERT_TRUE(newest.has_value());
+  EXPECT_EQ(newest->filename().string(), "step-" + std::string(8 - std::to_string(stop).size(), '0') + std::to_string(stop));
+  EXPECT_EQ(list(root).size(), 2u) << "retention keeps 2 (rank 0 alone deletes)";
+  EXPECT_TRUE(verify(*newest).empty());
+
+  // Resume on two ranks and on one process: the same step and the same values.
+  fs::remove(dir / "rank-0.txt");
+  fs::remove(dir / "rank-1.txt");
+  const Ranks resumed = run_ranks("resume", 2, dir.path(), 20000);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(resumed.texts[r], "resumed " + std::to_string(stop) + " equal") << "rank " << r;
+  }
+  Snapshotter alone({.root = root});
+  StateDict sd;
+  sd.insert("w", at::zeros({1000}, at::kFloat));
+  PeriodicSnapshots hook(alone, Schedule({.every_steps = 4}),
+                         [&] { return Checkpoint::of({{"state", sd}}); }, {.log = nullptr});
+  EXPECT_EQ(hook.resume([&](Checkpoint& c) { c.apply({{"state", sd}}); }), stop);
+  EXPECT_TRUE(bitwise_equal(sd.at("w"), make_tensor(at::kFloat, {1000}, static_cast<uint64_t>(stop))));
 }
 
 }  // namespace
