@@ -42,64 +42,13 @@
 #include <system_error>
 #include <vector>
 
+#include "demo_model.h"
+
 namespace fs = std::filesystem;
 
 namespace {
 
-// ---------------------------------------------------------------------------------------------
-// The model and the task: next-token style prediction on synthetic sequences drawn from the
-// global generator (so a resumed run must restore it to see the same batches).
-
-constexpr int64_t kVocab = 64;
-constexpr int64_t kSeq = 32;
-constexpr int64_t kBatch = 8;
-constexpr int64_t kWidth = 128;
-constexpr int64_t kHeads = 4;
-constexpr int64_t kLayers = 2;
-constexpr int64_t kFeedForward = 256;
-constexpr uint64_t kSeed = 20240611;
-
-struct TransformerImpl : torch::nn::Module {
-  TransformerImpl()
-      : embed(register_module("embed", torch::nn::Embedding(kVocab, kWidth))),
-        pos(register_parameter("pos", torch::randn({kSeq, kWidth}) * 0.02)),
-        encoder(register_module("encoder",
-                                torch::nn::TransformerEncoder(torch::nn::TransformerEncoderOptions(
-                                    torch::nn::TransformerEncoderLayerOptions(kWidth, kHeads)
-                                        .dim_feedforward(kFeedForward)
-                                        .dropout(0.1),
-                                    kLayers)))),
-        head(register_module("head", torch::nn::Linear(kWidth, kVocab))) {}
-
-  torch::Tensor forward(const torch::Tensor& tokens) {  // [batch, seq] -> [batch, seq, vocab]
-    const torch::Tensor x = (embed(tokens) + pos).transpose(0, 1);  // [seq, batch, width]
-    return head(encoder(x).transpose(0, 1));
-  }
-
-  torch::nn::Embedding embed;
-  torch::Tensor pos;
-  torch::nn::TransformerEncoder encoder;
-  torch::nn::Linear head;
-};
-TORCH_MODULE(Transformer);
-
-// One optimizer step on a fresh batch; returns the loss.
-float train_step(Transformer& model, torch::optim::Optimizer& optimizer) {
-  const torch::Tensor tokens = torch::randint(kVocab, {kBatch, kSeq});
-  const torch::Tensor target = (tokens + tokens.flip({1})).remainder(kVocab);
-  optimizer.zero_grad();
-  const torch::Tensor loss = torch::nn::functional::cross_entropy(
-      model->forward(tokens).reshape({-1, kVocab}), target.reshape({-1}));
-  loss.backward();
-  optimizer.step();
-  return loss.item<float>();
-}
-
-int64_t parameter_count(const Transformer& model) {
-  int64_t n = 0;
-  for (const torch::Tensor& p : model->parameters()) n += p.numel();
-  return n;
-}
+using namespace tsnap_demo;  // the model and its training step (demo_model.h)
 
 // ---------------------------------------------------------------------------------------------
 // Options.
