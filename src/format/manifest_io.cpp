@@ -289,11 +289,15 @@ std::vector<std::vector<const TensorRecord*>> tensor_groups(const Manifest& m) {
       groups.push_back({t});
       continue;
     }
-    if (!t->shard || !groups.back().front()->shard ||
-        groups.back().back()->shard->offsets == t->shard->offsets) {
+    if (!t->shard || !groups.back().front()->shard) {
       throw_error(ErrorCode::kInvalidArgument,
                   "manifest lists tensor '" + t->name + "' twice (only pieces with a shard may "
                   "share a key)");
+    }
+    if (groups.back().back()->shard->offsets == t->shard->offsets) {
+      throw_error(ErrorCode::kInvalidArgument,
+                  "manifest lists two pieces of tensor '" + t->name + "' at offsets " +
+                      detail::shape_string(t->shard->offsets));
     }
     groups.back().push_back(t);
   }

@@ -171,6 +171,13 @@ void run_rank() {
     if (rank == 1) sd.insert("rep.extra", make_tensor(at::kFloat, {10}, 5));
     SaveHandle h = snap.save_async("snap", sd);
     report(out, outcome_of(h));
+  } else if (scenario == "pieces_overlap") {
+    // Rank 0 claims rows [0, 4) of a global tensor, rank 1 rows [2, 6).
+    Snapshotter snap(o);
+    StateDict sd;
+    sd.insert("sh", make_tensor(at::kFloat, {4, 3}, 1), {}, ShardSpec{{8, 3}, {2 * rank, 0}});
+    SaveHandle h = snap.save_async("snap", sd);
+    report(out, outcome_of(h));
   } else if (scenario == "periodic") {
 #ifdef USE_C10D_GLOO
     // A training loop in lockstep (an all-reduce per step, as data parallel training has):
@@ -424,6 +431,18 @@ TEST(DistSave, RanksWithDifferentKeysGetAClearErrorAndNoSnapshot) {
     EXPECT_NE(ranks.texts[r].find("'rep.extra F32 [10]' is on rank 1 but not on rank 0"),
               std::string::npos)
         << "rank " << r << ": " << ranks.texts[r];
+  }
+  EXPECT_FALSE(fs::exists(dir / "root" / "snap"));
+  EXPECT_FALSE(has_temporaries(dir / "root"));
+}
+
+TEST(DistSave, RanksWhosePiecesOverlapGetAClearErrorAndNoSnapshot) {
+  TempDir dir;
+  const Ranks ranks = run_ranks("pieces_overlap", 2, dir.path(), 20000);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(ranks.texts[r].find("share elements"), std::string::npos)
+        << "rank " << r << ": " << ranks.texts[r];
+    EXPECT_NE(ranks.texts[r].find("tensor 'sh'"), std::string::npos) << ranks.texts[r];
   }
   EXPECT_FALSE(fs::exists(dir / "root" / "snap"));
   EXPECT_FALSE(has_temporaries(dir / "root"));
