@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tsnap/engine_kind.h"
+#include "tsnap/error.h"
 #include "tsnap/export.h"
 #include "tsnap/manifest.h"
 #include "tsnap/state_dict.h"
@@ -26,6 +27,16 @@ struct TSNAP_API LoadOptions {
   bool verify = true;                ///< Check every chunk's XXH3-64 (on by default).
   std::vector<std::string> include;  ///< Glob patterns of keys to load (empty = all).
   std::vector<std::string> exclude;  ///< Glob patterns of keys to skip; not with include.
+  /// A pattern of `include`/`exclude` that matches no key is an error (kKeyNotFound, naming the
+  /// nearest keys), so that a typo never loads nothing silently; set this to accept it.
+  bool allow_unmatched = false;
+  /// Read the snapshot's keys under this prefix, without it: with "model/", destination key
+  /// "fc1.weight" reads the checkpoint's "model/fc1.weight" (load: only keys under the prefix,
+  /// returned without it). Patterns apply to the keys without the prefix.
+  std::string key_prefix;
+  /// load_into only: make selected snapshot keys that the destination lacks an error
+  /// (kKeyNotFound, listing them, before anything is written) instead of a LoadReport entry.
+  bool require_every_key = false;
   /// load_into only: read and verify every selected chunk into read buffers first and write
   /// the destinations only once all of them are verified, so that a failed load changes
   /// nothing. The selected chunks must then fit in `read_budget_bytes`.

@@ -1,5 +1,7 @@
 #include "common/glob.h"
 
+#include <algorithm>
+
 #include <cstddef>
 #include <utility>
 
@@ -128,11 +130,77 @@ std::vector<std::string> select_keys(const std::vector<std::string>& keys,
     for (size_t i = 0; i < patterns.size(); ++i) {
       if (!used[i]) {
         throw_error(ErrorCode::kKeyNotFound, std::string(including ? "include" : "exclude") +
-                                                 " pattern '" + patterns[i] + "' matches no key");
+                                                 " pattern '" + patterns[i] +
+                                                 "' matches no key" + near_keys_note(patterns[i], keys));
       }
     }
   }
   return selected;
+}
+
+namespace {
+
+// Levenshtein distance, capped: returns `cap` + 1 once it must exceed `cap`.
+size_t distance(std::string_view a, std::string_view b, size_t cap) {
+  if (a.size() > b.size() + cap || b.size() > a.size() + cap) return cap + 1;
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    size_t best = row[0];
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+      best = std::min(best, row[j]);
+    }
+    if (best > cap) return cap + 1;
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+std::string near_keys_note(const std::string& wanted, const std::vector<std::string>& keys) {
+  constexpr size_t kScan = 200000;  // an error path: bounded work on huge key sets
+  constexpr size_t kShow = 3;
+  // The checkpoint prefix confusion first: "fc1.weight" wanted, "model/fc1.weight" stored.
+  std::vector<std::string> prefixed;
+  std::vector<std::pair<size_t, std::string>> near;
+  const size_t cap = std::max<size_t>(2, wanted.size() / 4);
+  bool is_pattern = wanted.find_first_of("*?[\\") != std::string::npos;
+  std::vector<Token> suffix;
+  try {
+    suffix = parse("*/" + wanted);
+  } catch (const Error&) {
+  }
+  for (size_t i = 0; i < keys.size() && i < kScan; ++i) {
+    const std::string& k = keys[i];
+    if (!suffix.empty() && match(suffix, k)) {
+      if (prefixed.size() < kShow) prefixed.push_back(k);
+      continue;
+    }
+    if (is_pattern) continue;
+    const size_t d = distance(wanted, k, cap);
+    if (d <= cap) near.emplace_back(d, k);
+  }
+  std::string note;
+  if (!prefixed.empty()) {
+    note = "; under a prefix the snapshot has: ";
+    for (size_t i = 0; i < prefixed.size(); ++i) note += (i ? ", '" : "'") + prefixed[i] + "'";
+    const size_t slash = prefixed[0].find('/');
+    if (slash != std::string::npos) {
+      note += " (LoadOptions::key_prefix = \"" + prefixed[0].substr(0, slash + 1) +
+              "\" maps keys under it)";
+    }
+    return note;
+  }
+  std::sort(near.begin(), near.end());
+  for (size_t i = 0; i < near.size() && i < kShow; ++i) {
+    note += (i ? ", '" : "; nearest keys: '") + near[i].second + "'";
+  }
+  return note;
 }
 
 }  // namespace tsnap::detail

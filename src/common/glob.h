@@ -23,4 +23,9 @@ std::vector<std::string> select_keys(const std::vector<std::string>& keys,
                                      const std::vector<std::string>& include,
                                      const std::vector<std::string>& exclude, bool strict);
 
+/// A hint for an error about `wanted` (a key or a pattern) that no key matches: the keys that
+/// hold it under a prefix ("model/fc1.weight" for "fc1.weight"), else up to three keys nearest
+/// in edit distance; "" when there are none. Starts with "; ". Thread-safe.
+std::string near_keys_note(const std::string& wanted, const std::vector<std::string>& keys);
+
 }  // namespace tsnap::detail

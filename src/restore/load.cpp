@@ -31,6 +31,32 @@ std::vector<std::string> record_names(const Manifest& m) {
   return names;
 }
 
+// The snapshot's keys under `prefix`, without it (all of them for an empty prefix).
+std::vector<std::string> keys_under(const std::vector<std::string>& names,
+                                    const std::string& prefix) {
+  if (prefix.empty()) return names;
+  std::vector<std::string> out;
+  for (const std::string& n : names) {
+    if (n.size() > prefix.size() && n.compare(0, prefix.size(), prefix) == 0) {
+      out.push_back(n.substr(prefix.size()));
+    }
+  }
+  return out;
+}
+
+// The keys of `names` (bare, under options.key_prefix) that the patterns select; a pattern that
+// matches nothing is an error unless allow_unmatched, and so is a prefix that no key has.
+std::vector<std::string> select(const std::vector<std::string>& all, const LoadOptions& options,
+                                const std::filesystem::path& path) {
+  const std::vector<std::string> names = keys_under(all, options.key_prefix);
+  if (!options.key_prefix.empty() && names.empty() && !all.empty()) {
+    throw_error(ErrorCode::kKeyNotFound, "no key of " + path.string() + " starts with '" +
+                                             options.key_prefix + "'" +
+                                             detail::near_keys_note(options.key_prefix, all));
+  }
+  return detail::select_keys(names, options.include, options.exclude, !options.allow_unmatched);
+}
+
 int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -145,14 +171,13 @@ StateDict load(const std::filesystem::path& path, const LoadOptions& options) {
   return restore::read_snapshot(path, [&](const format::SnapshotDir& dir) {
     const Manifest m = format::read_manifest_in(dir);
     const restore::PieceIndex index = restore::index_pieces(m);
-    const std::vector<std::string> keys =
-        detail::select_keys(record_names(m), options.include, options.exclude, /*strict=*/false);
+    const std::vector<std::string> keys = select(record_names(m), options, dir.path);
     // A key stored whole (or as the one piece a process saved) comes back as stored, with its
     // ShardSpec; a key stored as pieces is assembled into its global tensor, which they must
     // cover.
     std::vector<restore::Target> targets;
     for (const std::string& k : keys) {
-      const std::vector<const TensorRecord*>& pieces = index.at(k);
+      const std::vector<const TensorRecord*>& pieces = index.at(options.key_prefix + k);
       if (pieces.size() == 1) {
         targets.push_back({pieces[0], nullptr, pieces[0]->dtype, {}});
         continue;
@@ -174,7 +199,8 @@ StateDict load(const std::filesystem::path& path, const LoadOptions& options) {
       const TensorRecord& r = *targets[i].record;
       const bool whole = targets[i].runs.empty() && index.at(r.name).size() == 1;
       at::Tensor t = allocate(r, whole ? r.shape : restore::global_shape_of(r));
-      result.insert(r.name, t).shard = whole ? r.shard : std::nullopt;
+      result.insert(r.name.substr(options.key_prefix.size()), t).shard =
+          whole ? r.shard : std::nullopt;
       for (; i < targets.size() && targets[i].record->name == r.name; ++i) {
         targets[i].data = t.data_ptr();
       }
@@ -194,14 +220,15 @@ LoadReport load_into_dir(const format::SnapshotDir& dir, StateDict& dest,
   const std::filesystem::path& path = dir.path;
   const Manifest m = format::read_manifest_in(dir);
   const restore::PieceIndex index = restore::index_pieces(m);
-  const std::vector<std::string> keys =
-      detail::select_keys(dest.keys(), options.include, options.exclude, /*strict=*/false);
+  const std::vector<std::string> names = record_names(m);
+  const std::vector<std::string> keys = detail::select_keys(
+      dest.keys(), options.include, options.exclude, !options.allow_unmatched);
 
   // Every problem is found from the manifest before any destination byte changes.
   std::vector<std::string> missing, mismatched, unusable;
   std::vector<restore::Target> targets;
   for (const std::string& k : keys) {
-    const auto it = index.find(k);
+    const auto it = index.find(options.key_prefix + k);
     if (it == index.end()) {
       missing.push_back(k);
       continue;
@@ -236,8 +263,9 @@ LoadReport load_into_dir(const format::SnapshotDir& dir, StateDict& dest,
   const std::string where = " (snapshot " + path.string() + "); nothing was written";
   if (!missing.empty()) {
     throw_error(ErrorCode::kKeyNotFound,
-                std::to_string(missing.size()) +
-                    " destination keys are not in the snapshot: " + join(missing) + where);
+                std::to_string(missing.size()) + " destination keys are not in the snapshot: " +
+                    join(missing) + where +
+                    detail::near_keys_note(options.key_prefix + missing[0], names));
   }
   if (!mismatched.empty()) {
     throw_error(ErrorCode::kShapeMismatch,
@@ -250,9 +278,15 @@ LoadReport load_into_dir(const format::SnapshotDir& dir, StateDict& dest,
   }
 
   LoadReport report;
-  for (const std::string& k :
-       detail::select_keys(record_names(m), options.include, options.exclude, false)) {
+  for (const std::string& k : detail::select_keys(keys_under(names, options.key_prefix),
+                                                  options.include, options.exclude, false)) {
     if (!dest.contains(k)) report.not_in_destination.push_back(k);
+  }
+  if (options.require_every_key && !report.not_in_destination.empty()) {
+    throw_error(ErrorCode::kKeyNotFound,
+                std::to_string(report.not_in_destination.size()) +
+                    " snapshot keys have no destination: " + join(report.not_in_destination) +
+                    where);
   }
   const restore::ReadStats stats = restore::read_chunks(
       dir, m, targets, restore::plan_reads(m, targets, options.verify), options, /*in_place=*/true);

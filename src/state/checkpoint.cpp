@@ -187,6 +187,11 @@ SaveStats save(const std::filesystem::path& path, const Checkpoint& checkpoint,
 }
 
 Checkpoint load_checkpoint(const std::filesystem::path& path, const LoadOptions& options) {
+  if (!options.key_prefix.empty()) {
+    throw_error(ErrorCode::kInvalidArgument,
+                "load_checkpoint keeps the objects' prefixes: select an object's keys with "
+                "include = {\"" + options.key_prefix + "*\"} instead of key_prefix");
+  }
   const Manifest manifest = read_manifest(path);
   return Checkpoint::from_saved(load(path, options), manifest.metadata);
 }

@@ -274,3 +274,69 @@ INSTANTIATE_TEST_SUITE_P(Engines, LoadPath,
 
 }  // namespace
 }  // namespace tsnap
+
+namespace tsnap {
+namespace {
+
+using test_support::error_of;
+using test_support::make_tensor;
+using test_support::TempDir;
+
+// A checkpoint-like snapshot: keys under "model/" and "optim/".
+StateDict prefixed_state() {
+  StateDict sd;
+  sd.insert("model/fc1.weight", make_tensor(at::kFloat, {4, 3}, 1));
+  sd.insert("model/fc1.bias", make_tensor(at::kFloat, {4}, 2));
+  sd.insert("optim/fc1.weight.exp_avg", make_tensor(at::kFloat, {4, 3}, 3));
+  return sd;
+}
+
+TEST(SelectiveLoad, APatternThatMatchesNothingIsAnErrorNamingTheNearestKeys) {
+  TempDir dir;
+  save(dir / "s", prefixed_state());
+  const std::string e = error_of([&] { load(dir / "s", {.include = {"model/fc1.weights"}}); },
+                                ErrorCode::kKeyNotFound);
+  EXPECT_NE(e.find("'model/fc1.weights' matches no key"), std::string::npos) << e;
+  EXPECT_NE(e.find("nearest keys: 'model/fc1.weight'"), std::string::npos) << e;
+  // Opting out loads what matches, here nothing.
+  EXPECT_TRUE(load(dir / "s", {.include = {"model/fc1.weights"}, .allow_unmatched = true}).empty());
+}
+
+TEST(SelectiveLoad, ABareKeyThatExistsUnderAPrefixSaysWhichPrefix) {
+  TempDir dir;
+  save(dir / "s", prefixed_state());
+  StateDict dest;
+  dest.insert("fc1.weight", at::zeros({4, 3}));
+  const std::string e = error_of([&] { load_into(dir / "s", dest); }, ErrorCode::kKeyNotFound);
+  EXPECT_NE(e.find("'model/fc1.weight'"), std::string::npos) << e;
+  EXPECT_NE(e.find("key_prefix = \"model/\""), std::string::npos) << e;
+  const std::string p = error_of([&] { load(dir / "s", {.include = {"fc1.bias"}}); }, ErrorCode::kKeyNotFound);
+  EXPECT_NE(p.find("'model/fc1.bias'"), std::string::npos) << p;
+}
+
+TEST(SelectiveLoad, KeyPrefixMapsAnObjectOfACheckpointOntoBareKeys) {
+  TempDir dir;
+  const StateDict saved = prefixed_state();
+  save(dir / "s", saved);
+  const StateDict model = load(dir / "s", {.key_prefix = "model/"});
+  EXPECT_EQ(model.keys(), (std::vector<std::string>{"fc1.bias", "fc1.weight"}));
+  EXPECT_TRUE(test_support::bitwise_equal(model.at("fc1.weight"), saved.at("model/fc1.weight")));
+
+  StateDict dest;
+  dest.insert("fc1.weight", at::zeros({4, 3}));
+  const LoadReport r = load_into(dir / "s", dest, {.key_prefix = "model/"});
+  EXPECT_TRUE(test_support::bitwise_equal(dest.at("fc1.weight"), saved.at("model/fc1.weight")));
+  EXPECT_EQ(r.not_in_destination, (std::vector<std::string>{"fc1.bias"}));
+  // Made fatal, the unused key is an error and nothing is written.
+  dest.set("fc1.weight", at::zeros({4, 3}));
+  const std::string e = error_of(
+      [&] { load_into(dir / "s", dest, {.key_prefix = "model/", .require_every_key = true}); },
+      ErrorCode::kKeyNotFound);
+  EXPECT_NE(e.find("fc1.bias"), std::string::npos) << e;
+  EXPECT_TRUE(test_support::bitwise_equal(dest.at("fc1.weight"), at::zeros({4, 3})));
+  // A prefix no key has.
+  EXPECT_THROW(load(dir / "s", {.key_prefix = "modle/"}), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace tsnap
