@@ -7,6 +7,7 @@ include_guard(GLOBAL)
 
 find_package(CLI11 REQUIRED)
 add_library(tsnap_bench STATIC
+  ${CMAKE_CURRENT_LIST_DIR}/dist.cpp
   ${CMAKE_CURRENT_LIST_DIR}/measure.cpp  # the only translation unit with <torch/serialize.h>
   ${CMAKE_CURRENT_LIST_DIR}/options.cpp
   ${CMAKE_CURRENT_LIST_DIR}/raw_io.cpp

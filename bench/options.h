@@ -1,7 +1,8 @@
 #pragma once
-// The options of the benchmarks, one struct for `tsnap bench`, `tsnap_bench_save` and
-// `tsnap_bench_restore`, and their CLI11 definitions: each program registers the groups it
-// uses, so that an option means the same everywhere and is parsed in one place.
+// The options of the benchmarks, one struct for `tsnap bench`, `tsnap_bench_save`,
+// `tsnap_bench_restore` and `tsnap_bench_dist`, and their CLI11 definitions: each program
+// registers the groups it uses, so that an option means the same everywhere and is parsed in one
+// place.
 
 #include <c10/core/ScalarType.h>
 
@@ -55,6 +56,8 @@ struct BenchOptions {
   bool no_small = false;
   // tsnap_bench_restore only.
   bool keep = false;
+  // tsnap_bench_dist only (besides the baseline without a group).
+  std::vector<int> ranks = {1, 2, 4};
 };
 
 /// The values of a swept parameter (`--sweep PARAM=V1,V2`).

@@ -413,6 +413,63 @@ void print_save_report(const SaveBenchResult& result) {
       budget_mib);
 }
 
+void print_dist_report(const BenchOptions& o, const std::vector<DistPoint>& points) {
+  if (points.empty()) return;
+  const DistPoint& base = points.front();
+  std::printf("state on every rank: GPT-2-small + Adam (scale %.2f), %zu tensors, %s (one copy)\n",
+              o.size, base.tensors, human_bytes(base.state_bytes).c_str());
+  std::printf("engine %s, chunk %s, staging budget per rank %s, %d saves per point%s\n",
+              base.engine.c_str(), o.chunk.c_str(),
+              o.budget == "auto" ? "auto (the rank's share)" : o.budget.c_str(), o.reps,
+              o.lazy ? ", lazy staging" : "");
+
+  std::printf("\nwhole snapshot, first save_async to last commit (median, min..max):\n");
+  Table t({"RANKS", "WALL s", "MIN..MAX", "GB/s", "RAW GB/s", "/ RAW"});
+  for (size_t c : {1, 3, 4, 5}) t.set_numeric(c);
+  for (const DistPoint& p : points) {
+    uint64_t bytes = 0;  // the snapshot: every rank's files and the manifest
+    for (const auto& rank : p.saves) bytes += rank.front().stats.bytes;
+    const double gbps = bytes / p.wall.median() / 1e9;
+    const double raw = p.state_bytes / p.raw_write.median() / 1e9;
+    t.add_row({p.label(), fixed(p.wall.median(), 3),
+               fixed(p.wall.min(), 3) + ".." + fixed(p.wall.max(), 3), fixed(gbps, 2),
+               fixed(raw, 2), fixed(gbps / raw, 2)});
+  }
+  t.print(std::cout);
+
+  std::printf("\nper rank (median):\n");
+  Table r({"RANKS", "RANK", "FILES", "BYTES", "STALL s", "WRITE s", "COMMIT s", "COORDINATE s",
+           "TOTAL s"});
+  for (size_t c = 1; c < 9; ++c) r.set_numeric(c);
+  for (const DistPoint& p : points) {
+    for (size_t k = 0; k < p.saves.size(); ++k) {
+      r.add_row({p.label(), std::to_string(k), std::to_string(p.saves[k].front().stats.files),
+                 human_bytes(p.rank_file_bytes.at(k)),
+                 fixed(p.series(k, &SaveStats::stall_s).median(), 3),
+                 fixed(p.series(k, &SaveStats::write_s).median(), 3),
+                 fixed(p.series(k, &SaveStats::commit_s).median(), 3),
+                 p.group ? fixed(p.series(k, &SaveStats::coordinate_s).median(), 3) : "-",
+                 fixed(p.series(k, &SaveStats::total_s).median(), 3)});
+    }
+  }
+  r.print(std::cout);
+
+  std::printf("\nchecks and ratios:\n");
+  for (const DistPoint& p : points) {
+    uint64_t sum = 0;
+    for (uint64_t b : p.rank_file_bytes) sum += b;
+    const double commit = p.series(0, &SaveStats::commit_s).median();
+    std::printf("  %-12s ranks' files %s = snapshot %s; tensor bytes over ranks = one copy: %s",
+                p.label().c_str(), human_bytes(sum).c_str(), human_bytes(p.snapshot_bytes).c_str(),
+                p.one_copy() ? "yes" : "NO");
+    if (p.group) {
+      std::printf("; rank 0 commit %+.3f s vs no group",
+                  commit - base.series(0, &SaveStats::commit_s).median());
+    }
+    std::printf("\n");
+  }
+}
+
 void print_restore_report(const RestoreSpec& spec, const RestoreResult& r) {
   const double bytes = r.bytes;
   auto row = [&](const std::string& name, const Series& s) { print_row(32, name, s, bytes); };

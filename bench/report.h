@@ -1,7 +1,7 @@
 #pragma once
 // The outputs of the benchmarks: `tsnap bench`'s table, JSON, CSV and gnuplot PNG of its points
-// and of its timeline, and the text reports of tsnap_bench_save and tsnap_bench_restore. Every
-// printer writes to stdout and only reads its results.
+// and of its timeline, and the text reports of tsnap_bench_save, tsnap_bench_restore and
+// tsnap_bench_dist. Every printer writes to stdout and only reads its results.
 
 #include <cstddef>
 #include <cstdint>
@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/dist.h"
 #include "bench/options.h"
 #include "bench/restore.h"
 #include "bench/runner.h"
@@ -51,6 +52,11 @@ struct SaveBenchResult {
 
 /// tsnap_bench_save's report, with the targets' ratios.
 void print_save_report(const SaveBenchResult& r);
+
+/// tsnap_bench_dist's report: per point, the aggregate durable throughput against the raw
+/// device, then per rank the bytes written, stall, commit and coordination, the dedup check and
+/// the commit latency that coordination adds to the baseline's.
+void print_dist_report(const BenchOptions& o, const std::vector<DistPoint>& points);
 
 /// tsnap_bench_restore's report, with the targets' ratios.
 void print_restore_report(const RestoreSpec& spec, const RestoreResult& r);

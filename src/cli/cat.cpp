@@ -2,7 +2,8 @@
 // the way PyTorch prints tensors (4 decimals or scientific notation, aligned columns, and for
 // more than 1000 elements only the first and last 3 items of each dimension). Reads through
 // the lazy reader: only the chunks under the tensor (or the rows asked for) are read and
-// verified.
+// verified; a key stored as pieces (a distributed save of sharded state) is assembled from the
+// pieces that overlap what is asked for (cli/keys.h).
 
 #include <ATen/ATen.h>
 
@@ -14,11 +15,14 @@
 #include <iostream>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/keys.h"
 #include "cli/output.h"
 #include "tsnap/error.h"
 #include "tsnap/reader.h"
@@ -174,34 +178,43 @@ std::string stats_text(const at::Tensor& t) {
 
 int run_cat(const CatOptions& options) {
   const SnapshotReader reader = open(options.snapshot, {.verify = !options.no_verify});
-  const TensorRecord& r = reader.record(options.key);
-  at::Tensor t;
-  std::string rows;
-  if (options.rows.empty()) {
-    t = reader.read(options.key);
-  } else {
+  const KeyView key = key_view(reader.manifest(), options.key, options.snapshot);
+  const TensorRecord& r = *key.pieces.front();
+  std::optional<std::pair<int64_t, int64_t>> rows;
+  std::string rows_text;
+  if (!options.rows.empty()) {
     const size_t colon = options.rows.find(':');
-    int64_t start = 0, end = 0;
     try {
       if (colon == std::string::npos) throw std::invalid_argument("no colon");
-      start = std::stoll(options.rows.substr(0, colon));
-      end = std::stoll(options.rows.substr(colon + 1));
+      rows = {std::stoll(options.rows.substr(0, colon)),
+              std::stoll(options.rows.substr(colon + 1))};
     } catch (const std::exception&) {
       throw_error(ErrorCode::kInvalidArgument,
                   "--rows takes START:END (rows along dimension 0), not '" + options.rows + "'");
     }
-    t = reader.read_rows(options.key, start, end - start);
-    rows = " rows [" + std::to_string(start) + ", " + std::to_string(end) + ")";
+    rows_text = " rows [" + std::to_string(rows->first) + ", " + std::to_string(rows->second) + ")";
   }
-  std::cout << "key:    " << r.name << rows << '\n'
+  const at::Tensor t = read_key(reader, options.snapshot, key, !options.no_verify, rows);
+  std::cout << "key:    " << key.name << rows_text << '\n'
             << "dtype:  " << dtype_string(r.dtype)
             << (r.source_dtype != r.dtype ? " (saved from " + dtype_string(r.source_dtype) + ")"
                                           : "")
             << '\n'
-            << "shape:  " << shape_string(r.shape) << " ("
-            << count_of(r.numel(), "element", "elements") << ", " << human_bytes(r.nbytes())
-            << ")\n"
-            << "file:   " << r.file << " bytes [" << r.begin << ", " << r.end << ")\n";
+            << "shape:  " << shape_string(key.read_shape()) << " ("
+            << count_of(key.numel(), "element", "elements") << ", " << human_bytes(key.bytes())
+            << ")\n";
+  if (key.pieces.size() == 1 && !r.shard) {
+    std::cout << "file:   " << r.file << " bytes [" << r.begin << ", " << r.end << ")\n";
+  } else {
+    const Manifest& m = reader.manifest();
+    std::cout << "stored: " << count_of(key.pieces.size(), "piece", "pieces")
+              << (key.ranks(m).size() == 1 ? " (rank " : " (ranks ") << ranks_string(key.ranks(m))
+              << ")\n";
+    for (const TensorRecord* p : key.pieces) {
+      std::cout << "        " << shape_string(p->shape) << " at " << shape_string(p->shard->offsets)
+                << ": " << p->file << " bytes [" << p->begin << ", " << p->end << ")\n";
+    }
+  }
   const std::string stats = stats_text(t);
   if (!stats.empty()) std::cout << "stats:  " << stats << '\n';
   std::cout << values_text(t, options.full) << '\n';
@@ -216,7 +229,9 @@ Command add_cat(CLI::App& app) {
   sub->footer(
       "Print KEY's stored dtype, shape, file and byte range, min/max/mean/std of its finite "
       "values, and its values as PyTorch prints them (more than 1000 elements: the first and "
-      "last 3 of each dimension). Only the chunks under the tensor are read, and verified.");
+      "last 3 of each dimension). Only the chunks under the tensor are read, and verified. A "
+      "key stored as pieces (a distributed save of sharded state) is printed whole, assembled "
+      "from its pieces, which are listed.");
   sub->add_option("SNAPSHOT", options->snapshot, "Snapshot directory (holds MANIFEST.json)")
       ->required()
       ->type_name("DIR");

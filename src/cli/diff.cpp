@@ -1,7 +1,9 @@
 // `tsnap diff A B`: which tensors of two snapshots differ and by how much. Like diff(1), it
 // exits 0 when they hold the same tensors with the same values and 1 when anything differs.
 // Tensors are read through the lazy reader (verified chunks) and compared in slices, bytes
-// first, so that equal tensors cost one memcmp and memory stays small.
+// first, so that equal tensors cost one memcmp and memory stays small. A key stored as pieces
+// (a distributed save of sharded state) is compared whole, assembled from its pieces: so a
+// snapshot and its consolidated copy are identical.
 
 #include <ATen/ATen.h>
 
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/keys.h"
 #include "cli/output.h"
 #include "tsnap/reader.h"
 
@@ -90,21 +93,25 @@ int run_diff(const DiffOptions& options) {
       continue;
     }
     ++common;
-    const TensorRecord &x = ra.record(k), &y = rb.record(k);
+    const KeyView kx = key_view(ra.manifest(), k, options.a);
+    const KeyView ky = key_view(rb.manifest(), k, options.b);
+    const TensorRecord &x = *kx.pieces.front(), &y = *ky.pieces.front();
     std::string dtypes;
     if (x.dtype != y.dtype)
       dtypes = " (" + dtype_string(x.dtype) + " vs " + dtype_string(y.dtype) + ")";
-    if (x.shape != y.shape) {
-      table.add_row(
-          {"!", k, "shape " + shape_string(x.shape) + " vs " + shape_string(y.shape) + dtypes});
+    if (kx.read_shape() != ky.read_shape()) {
+      table.add_row({"!", k,
+                     "shape " + shape_string(kx.read_shape()) + " vs " +
+                         shape_string(ky.read_shape()) + dtypes});
       ++differ;
       continue;
     }
-    const Difference d = compare(ra.read(k), rb.read(k));
+    const Difference d = compare(read_key(ra, options.a, kx, !options.no_verify),
+                                 read_key(rb, options.b, ky, !options.no_verify));
     if (d.max_abs <= options.atol && dtypes.empty()) continue;
     table.add_row({"!", k,
                    "max abs diff " + number(d.max_abs) + " in " + std::to_string(d.elements) +
-                       " of " + count_of(x.numel(), "element", "elements") + dtypes});
+                       " of " + count_of(kx.numel(), "element", "elements") + dtypes});
     ++differ;
   }
   if (!table.empty()) table.print(std::cout);

@@ -1,4 +1,7 @@
 // `tsnap inspect SNAPSHOT`: what a snapshot holds, from its manifest (no shard data is read).
+// A distributed save's snapshot also shows its ranks (files and bytes each wrote) and, for each
+// key, whether it is replicated (stored whole, by one rank) or sharded (stored as pieces of a
+// global tensor, listed piece by piece after the keys).
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -7,8 +10,10 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "cli/commands.h"
+#include "cli/keys.h"
 #include "cli/output.h"
 #include "format/manifest_io.h"
 #include "tsnap/manifest.h"
@@ -29,6 +34,38 @@ uint64_t tensor_bytes(const Manifest& m) {
   return total;
 }
 
+int rank_of(const Manifest& m, const TensorRecord& t) {
+  const FileRecord* f = m.find_file(t.file);
+  return f ? f->rank : 0;
+}
+
+// What each rank wrote.
+struct RankFigures {
+  uint64_t files = 0, bytes = 0, tensors = 0, tensor_bytes = 0;
+};
+
+std::vector<RankFigures> rank_figures(const Manifest& m) {
+  int ranks = m.world_size;
+  for (const FileRecord& f : m.files) ranks = std::max(ranks, f.rank + 1);
+  std::vector<RankFigures> out(static_cast<size_t>(std::max(ranks, 1)));
+  for (const FileRecord& f : m.files) {
+    ++out[static_cast<size_t>(f.rank)].files;
+    out[static_cast<size_t>(f.rank)].bytes += f.size;
+  }
+  for (const TensorRecord& t : m.tensors) {
+    RankFigures& r = out[static_cast<size_t>(rank_of(m, t))];
+    ++r.tensors;
+    r.tensor_bytes += t.nbytes();
+  }
+  return out;
+}
+
+// Whether to show ranks and how each key is stored: a distributed save, or sharded state.
+bool distributed(const Manifest& m) {
+  return m.world_size > 1 || std::any_of(m.tensors.begin(), m.tensors.end(),
+                                         [](const TensorRecord& t) { return t.shard.has_value(); });
+}
+
 nlohmann::json to_json(const fs::path& path, const Manifest& m) {
   nlohmann::json tensors = nlohmann::json::array();
   for (const TensorRecord& t : m.tensors) {
@@ -39,7 +76,8 @@ nlohmann::json to_json(const fs::path& path, const Manifest& m) {
                         {"bytes", t.nbytes()},
                         {"file", t.file},
                         {"begin", t.begin},
-                        {"end", t.end}};
+                        {"end", t.end},
+                        {"rank", rank_of(m, t)}};
     if (t.shard) {
       j["shard"] = {{"global_shape", t.shard->global_shape}, {"offsets", t.shard->offsets}};
     }
@@ -51,56 +89,119 @@ nlohmann::json to_json(const fs::path& path, const Manifest& m) {
                      {"size", f.size},
                      {"data_offset", f.data_offset},
                      {"chunk_bytes", f.chunk_bytes},
-                     {"chunks", f.chunk_hashes.size()}});
+                     {"chunks", f.chunk_hashes.size()},
+                     {"rank", f.rank}});
+  }
+  nlohmann::json keys = nlohmann::json::array();
+  for (const KeyView& k : key_views(m)) {
+    keys.push_back({{"name", k.name},
+                    {"kind", k.kind(m)},
+                    {"pieces", k.pieces.size()},
+                    {"shape", k.shape()},
+                    {"bytes", k.bytes()},
+                    {"ranks", k.ranks(m)}});
+  }
+  nlohmann::json ranks = nlohmann::json::array();
+  const std::vector<RankFigures> figures = rank_figures(m);
+  for (size_t r = 0; r < figures.size(); ++r) {
+    ranks.push_back({{"rank", r},
+                     {"files", figures[r].files},
+                     {"bytes", figures[r].bytes},
+                     {"tensors", figures[r].tensors},
+                     {"tensor_bytes", figures[r].tensor_bytes}});
   }
   nlohmann::json out = format::manifest_header_json(m);
   out["path"] = path.string();
   out["tensor_bytes"] = tensor_bytes(m);
   out["total_bytes"] = m.total_bytes();
+  out["keys"] = std::move(keys);
   out["tensors"] = std::move(tensors);
   out["files"] = std::move(files);
+  out["ranks"] = std::move(ranks);
   return out;
 }
 
 void print_text(const fs::path& path, const Manifest& m) {
+  const std::vector<KeyView> keys = key_views(m);
+  const bool dist = distributed(m);
+  size_t sharded = 0;
+  for (const KeyView& k : keys) sharded += k.sharded() ? 1 : 0;
   std::cout << "snapshot:    " << path.string() << '\n'
             << "id:          " << m.id << '\n'
             << "created:     " << m.created << '\n'
             << "format:      " << kFormatName << " v" << m.format_version << '\n'
             << "written by:  tsnap " << m.tsnap_version << ", LibTorch " << m.torch_version << '\n'
             << "world size:  " << m.world_size << '\n'
-            << "tensors:     " << m.tensors.size() << " (" << human_bytes(tensor_bytes(m)) << ")\n"
-            << "files:       " << m.files.size() << " (" << human_bytes(m.total_bytes()) << ")\n"
+            << "tensors:     " << m.tensors.size() << " (" << human_bytes(tensor_bytes(m)) << ")\n";
+  if (dist) {
+    std::cout << "keys:        " << keys.size() << " (" << keys.size() - sharded << " "
+              << (m.world_size > 1 ? "replicated" : "whole") << ", " << sharded << " sharded)\n";
+  }
+  std::cout << "files:       " << m.files.size() << " (" << human_bytes(m.total_bytes()) << ")\n"
             << "metadata:    " << m.metadata.dump(2) << "\n\n";
 
-  const bool sharded = std::any_of(m.tensors.begin(), m.tensors.end(),
-                                   [](const TensorRecord& t) { return t.shard.has_value(); });
+  if (m.world_size > 1) {
+    Table ranks({"RANK", "FILES", "BYTES", "TENSORS", "TENSOR BYTES"});
+    for (size_t c = 0; c < 5; ++c) ranks.set_numeric(c);
+    const std::vector<RankFigures> figures = rank_figures(m);
+    for (size_t r = 0; r < figures.size(); ++r) {
+      ranks.add_row({std::to_string(r), std::to_string(figures[r].files),
+                     human_bytes(figures[r].bytes), std::to_string(figures[r].tensors),
+                     human_bytes(figures[r].tensor_bytes)});
+    }
+    ranks.print(std::cout);
+    std::cout << '\n';
+  }
+
+  // One row per key: a sharded key's global shape and the pieces' total bytes.
   std::vector<std::string> headers = {"TENSOR", "DTYPE", "SOURCE", "SHAPE", "BYTES", "FILE"};
-  if (sharded) headers.push_back("SHARD");
+  if (dist) headers.insert(headers.end(), {"RANK", "STORED"});
   Table tensors(std::move(headers));
   tensors.set_numeric(4);
-  for (const TensorRecord& t : m.tensors) {
-    std::vector<std::string> row = {t.name,
-                                    dtype_string(t.dtype),
-                                    dtype_string(t.source_dtype),
-                                    shape_string(t.shape),
-                                    human_bytes(t.nbytes()),
-                                    t.file};
-    if (sharded) {
-      row.push_back(t.shard ? shape_string(t.shard->offsets) + " of " +
-                                  shape_string(t.shard->global_shape)
-                            : "-");
+  for (const KeyView& k : keys) {
+    const TensorRecord& t = *k.pieces.front();
+    std::vector<std::string> row = {
+        k.name,
+        dtype_string(t.dtype),
+        dtype_string(t.source_dtype),
+        shape_string(k.shape()),
+        human_bytes(k.bytes()),
+        k.pieces.size() == 1 ? t.file : count_of(k.pieces.size(), "file", "files")};
+    if (dist) {
+      row.push_back(ranks_string(k.ranks(m)));
+      row.push_back(k.sharded() ? "sharded, " + count_of(k.pieces.size(), "piece", "pieces")
+                                : k.kind(m));
     }
     tensors.add_row(std::move(row));
   }
   tensors.print(std::cout);
   std::cout << '\n';
 
-  Table files({"FILE", "SIZE", "CHUNKS", "CHUNK SIZE"});
-  for (size_t c = 1; c < 4; ++c) files.set_numeric(c);
+  if (sharded > 0) {
+    Table pieces({"PIECE OF", "OFFSETS", "SHAPE", "BYTES", "FILE", "RANK"});
+    pieces.set_numeric(3);
+    pieces.set_numeric(5);
+    for (const KeyView& k : keys) {
+      if (!k.sharded()) continue;
+      for (const TensorRecord* t : k.pieces) {
+        pieces.add_row({k.name, shape_string(t->shard->offsets), shape_string(t->shape),
+                        human_bytes(t->nbytes()), t->file, std::to_string(rank_of(m, *t))});
+      }
+    }
+    pieces.print(std::cout);
+    std::cout << '\n';
+  }
+
+  std::vector<std::string> file_headers = {"FILE", "SIZE", "CHUNKS", "CHUNK SIZE"};
+  if (dist) file_headers.push_back("RANK");
+  Table files(std::move(file_headers));
+  for (size_t c = 1; c < (dist ? 5 : 4); ++c) files.set_numeric(c);
   for (const FileRecord& f : m.files) {
-    files.add_row({f.name, human_bytes(f.size), std::to_string(f.chunk_hashes.size()),
-                   human_bytes(f.chunk_bytes)});
+    std::vector<std::string> row = {f.name, human_bytes(f.size),
+                                    std::to_string(f.chunk_hashes.size()),
+                                    human_bytes(f.chunk_bytes)};
+    if (dist) row.push_back(std::to_string(f.rank));
+    files.add_row(std::move(row));
   }
   files.print(std::cout);
 }
@@ -123,7 +224,10 @@ Command add_inspect(CLI::App& app) {
   sub->footer(
       "Show a snapshot's versions, id, creation time, world size and user metadata, every "
       "tensor (name, stored and source dtype, shape, bytes, shard file) and every shard file "
-      "(size, chunk count). Reads MANIFEST.json only; use `tsnap verify` to check the data.");
+      "(size, chunk count). For a distributed save, also the files and bytes each rank wrote, "
+      "and for each key whether it is replicated (stored whole, by one rank) or sharded "
+      "(stored as pieces: its global shape, then each piece's offsets, file and rank). Reads "
+      "MANIFEST.json only; use `tsnap verify` to check the data.");
   sub->add_option("SNAPSHOT", options->snapshot, "Snapshot directory (holds MANIFEST.json)")
       ->required()
       ->type_name("DIR");

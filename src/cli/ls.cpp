@@ -84,14 +84,13 @@ int run_ls(const LsOptions& options) {
     std::cerr << "no snapshots under " << options.root.string() << '\n';
     return kExitOk;
   }
-  Table table({"NAME", "CREATED", "SIZE", "TENSORS", "STATUS"});
-  table.set_numeric(2);
-  table.set_numeric(3);
+  Table table({"NAME", "CREATED", "SIZE", "TENSORS", "RANKS", "STATUS"});
+  for (size_t c : {2, 3, 4}) table.set_numeric(c);
   for (const Listed& entry : entries) {
     const auto& m = entry.manifest;
     table.add_row({entry.name, m ? local_time(m->created_unix_ns) : "-",
                    human_bytes(size_of(entry)), m ? std::to_string(m->tensors.size()) : "-",
-                   status_text(entry)});
+                   m ? std::to_string(m->world_size) : "-", status_text(entry)});
   }
   table.print(std::cout);
   return kExitOk;
@@ -104,7 +103,9 @@ Command add_ls(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("ls", "List the snapshots under a root directory");
   sub->footer(
       "List every snapshot directory under ROOT, oldest first: committed snapshots, temporary "
-      "directories of unfinished saves, and directories whose manifest is missing or corrupt.");
+      "directories of unfinished saves, and directories whose manifest is missing or corrupt. "
+      "TENSORS counts records (a key stored as pieces has one per piece); RANKS is the world "
+      "size of the save that wrote it.");
   sub->add_option("ROOT", options->root, "Directory that holds the snapshots")
       ->required()
       ->type_name("DIR");

@@ -58,7 +58,8 @@ int main_impl(int argc, char** argv) {
   app.set_version_flag("--version", version_text(), "Print the version and exit");
   app.require_subcommand(1);
   const std::vector<Command> commands = {
-      add_ls(app), add_inspect(app), add_verify(app), add_cat(app), add_diff(app), add_bench(app),
+      add_ls(app),   add_inspect(app), add_verify(app),      add_cat(app),
+      add_diff(app), add_bench(app),   add_consolidate(app),
   };
   app.footer(
       "Run 'tsnap SUBCOMMAND --help' for a subcommand's options.\n"

@@ -4,9 +4,7 @@
 // save, and write their outcome to a file; the parent checks the snapshot and the outcomes.
 
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +19,7 @@
 #include <sstream>
 #include <thread>
 
+#include "dist/run_ranks.h"
 #include "io/fault_engine.h"
 #include "support/on_engine.h"
 #include "support/test_util.h"
@@ -39,6 +38,8 @@ namespace {
 namespace fs = std::filesystem;
 using test_support::bitwise_equal;
 using test_support::make_tensor;
+using test_support::Ranks;
+using test_support::run_ranks;
 using test_support::TempDir;
 
 // --- What every rank holds ------------------------------------------------------------------
@@ -235,79 +236,6 @@ TEST(DistRank, Run) {
 
 // --- The parent --------------------------------------------------------------------------------
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-struct Ranks {
-  std::vector<int> statuses;       // waitpid statuses, by rank
-  std::vector<std::string> texts;  // what each rank reported ("" if nothing)
-};
-
-// Runs `world` ranks of `scenario` with the snapshot root `<dir>/root`; kills them all if they
-// have not ended within `limit`.
-Ranks run_ranks(const std::string& scenario, int world, const fs::path& dir, int timeout_ms,
-                std::chrono::seconds limit = std::chrono::seconds(60)) {
-  const std::string port = std::to_string(free_port());
-  std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::setenv("TSNAP_DIST_SCENARIO", scenario.c_str(), 1);
-      ::setenv("TSNAP_DIST_ROOT", (dir / "root").c_str(), 1);
-      ::setenv("TSNAP_DIST_TIMEOUT_MS", std::to_string(timeout_ms).c_str(), 1);
-      ::setenv("RANK", std::to_string(r).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
-      ::setenv("MASTER_PORT", port.c_str(), 1);
-      execl("/proc/self/exe", "dist_test", "--gtest_filter=DistRank.Run", "--gtest_brief=1", nullptr);
-      _exit(127);
-    }
-    pids.push_back(pid);
-  }
-  Ranks out;
-  out.statuses.assign(static_cast<size_t>(world), -1);
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  int left = world;
-  while (left > 0) {
-    for (int r = 0; r < world; ++r) {
-      if (out.statuses[r] != -1) continue;
-      int status = 0;
-      if (::waitpid(pids[r], &status, WNOHANG) == pids[r]) {
-        out.statuses[r] = status;
-        --left;
-      }
-    }
-    if (std::chrono::steady_clock::now() > deadline) {
-      for (int r = 0; r < world; ++r) {
-        if (out.statuses[r] == -1) ::kill(pids[r], SIGKILL);
-      }
-      for (int r = 0; r < world; ++r) {
-        if (out.statuses[r] == -1) ::waitpid(pids[r], &out.statuses[r], 0);
-      }
-      ADD_FAILURE() << scenario << ": ranks still running after " << limit.count() << " s";
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  for (int r = 0; r < world; ++r) {
-    std::ifstream in(dir / ("rank-" + std::to_string(r) + ".txt"));
-    std::stringstream text;
-    text << in.rdbuf();
-    out.texts.push_back(text.str());
-  }
-  return out;
-}
-
 bool has_temporaries(const fs::path& root) {
   for (const auto& e : fs::directory_iterator(root)) {
     if (e.path().filename().string().rfind('.', 0) == 0 &&
@@ -386,7 +314,8 @@ TEST(DistSave, ShardedOnFourRestoresOnTwoAndOne) {
   StateDict part;
   part.insert("rep.0", at::zeros({1000}, at::kFloat), {}, ShardSpec{{300000}, {5000}});
   load_into(snap, part);
-  EXPECT_TRUE(bitwise_equal(part.at("rep.0"), replicated_state().at("rep.0").narrow(0, 5000, 1000)));
+  EXPECT_TRUE(
+      bitwise_equal(part.at("rep.0"), replicated_state().at("rep.0").narrow(0, 5000, 1000)));
   // A piece that reaches outside the global tensor is refused, naming the key.
   StateDict bad;
   bad.insert("sh.vec", at::zeros({3}, at::kDouble), {}, ShardSpec{{5}, {4}});
@@ -397,11 +326,12 @@ TEST(DistSave, KilledRankFailsTheSaveOnEveryRankWithinTheTimeout) {
   TempDir dir;
   const auto t0 = std::chrono::steady_clock::now();
   const Ranks ranks = run_ranks("killed", 3, dir.path(), 3000);
-  const double took =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_TRUE(WIFSIGNALED(ranks.statuses[1]));
   for (int r : {0, 2}) {
-    EXPECT_EQ(ranks.texts[r].rfind("error " + std::to_string(static_cast<int>(ErrorCode::kPeerFailed)), 0), 0u)
+    EXPECT_EQ(ranks.texts[r].rfind(
+                  "error " + std::to_string(static_cast<int>(ErrorCode::kPeerFailed)), 0),
+              0u)
         << "rank " << r << ": " << ranks.texts[r];
     EXPECT_NE(ranks.texts[r].find("rank 1"), std::string::npos) << ranks.texts[r];
   }

@@ -1,0 +1,97 @@
+#pragma once
+// The parent's side of the distributed tests: spawns ranks of a scenario as processes of the
+// test program itself (exec of /proc/self/exe running DistRank.Run, in dist_save_test.cpp), on
+// 127.0.0.1 with a free port, and collects what each reported.
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace tsnap::test_support {
+
+inline int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+struct Ranks {
+  std::vector<int> statuses;       // waitpid statuses, by rank
+  std::vector<std::string> texts;  // what each rank reported ("" if nothing)
+};
+
+// Runs `world` ranks of `scenario` with the snapshot root `<dir>/root`; kills them all if they
+// have not ended within `limit`.
+inline Ranks run_ranks(const std::string& scenario, int world, const std::filesystem::path& dir,
+                       int timeout_ms, std::chrono::seconds limit = std::chrono::seconds(60)) {
+  const std::string port = std::to_string(free_port());
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setenv("TSNAP_DIST_SCENARIO", scenario.c_str(), 1);
+      ::setenv("TSNAP_DIST_ROOT", (dir / "root").c_str(), 1);
+      ::setenv("TSNAP_DIST_TIMEOUT_MS", std::to_string(timeout_ms).c_str(), 1);
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", port.c_str(), 1);
+      execl("/proc/self/exe", "dist_test", "--gtest_filter=DistRank.Run", "--gtest_brief=1",
+            nullptr);
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  Ranks out;
+  out.statuses.assign(static_cast<size_t>(world), -1);
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  int left = world;
+  while (left > 0) {
+    for (int r = 0; r < world; ++r) {
+      if (out.statuses[r] != -1) continue;
+      int status = 0;
+      if (::waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+        out.statuses[r] = status;
+        --left;
+      }
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (int r = 0; r < world; ++r) {
+        if (out.statuses[r] == -1) ::kill(pids[r], SIGKILL);
+      }
+      for (int r = 0; r < world; ++r) {
+        if (out.statuses[r] == -1) ::waitpid(pids[r], &out.statuses[r], 0);
+      }
+      ADD_FAILURE() << scenario << ": ranks still running after " << limit.count() << " s";
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (int r = 0; r < world; ++r) {
+    std::ifstream in(dir / ("rank-" + std::to_string(r) + ".txt"));
+    std::stringstream text;
+    text << in.rdbuf();
+    out.texts.push_back(text.str());
+  }
+  return out;
+}
+
+}  // namespace tsnap::test_support
