@@ -25,8 +25,8 @@ struct TSNAP_API SaveStats {
   double write_s = 0;         ///< From the first write submitted to the last completed.
   double commit_s = 0;        ///< fsync, manifest, rename.
   double total_s = 0;         ///< From the call to committed.
-  /// Distributed saves: time spent waiting for the other ranks and rank 0's verdict (part of
-  /// commit_s).
+  /// Distributed saves: time spent waiting for the other ranks' parts (rank 0) or for rank 0's
+  /// verdict, which includes its commit (other ranks); part of commit_s.
   double coordinate_s = 0;
   uint64_t bytes = 0;         ///< Bytes written (all shard files plus manifest).
   uint64_t tensor_bytes = 0;  ///< Stored tensor bytes.

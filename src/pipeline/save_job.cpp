@@ -210,7 +210,6 @@ void SaveJob::finish() {
     if (rc < 0 && !error) error = detail::sys_error(rc, "close " + path);
   }
   fds_.clear();
-  const Clock::time_point c0 = Clock::now();
   if (coordinator_) {
     error = coordinate(error, &manifest_bytes, &leftover);
   } else if (!error) {
@@ -222,13 +221,12 @@ void SaveJob::finish() {
       error = std::current_exception();
     }
   }
-  const double coordinate_s = coordinator_ ? seconds(Clock::now() - c0) : 0;
   if (error && !keep_temporary_) remove_temporary(paths_.temporary);
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     SaveStats& s = state_->stats;
     s.commit_s = seconds(Clock::now() - t0);
-    s.coordinate_s = coordinate_s;
+    s.coordinate_s = coordinate_s_;
     s.write_s = last_write_ns_ > first_write_ns_ ? (last_write_ns_ - first_write_ns_) / 1e9 : 0;
     s.total_s = seconds(Clock::now() - started_);
     s.bytes = plan_.total_bytes + manifest_bytes;
@@ -287,8 +285,10 @@ std::exception_ptr SaveJob::coordinate(std::exception_ptr error, uint64_t* manif
       c.publish(id, report.dump());
       if (error) return error;  // rank 0 cannot commit without this part: no need to wait
       std::string outcome;
+      const Clock::time_point w0 = Clock::now();
       try {
         outcome = c.outcome(id);
+        coordinate_s_ = seconds(Clock::now() - w0);
       } catch (...) {
         // Rank 0 is silent: it may yet commit, so this rank's files stay (a later writer
         // removes them if it never does).
@@ -307,7 +307,10 @@ std::exception_ptr SaveJob::coordinate(std::exception_ptr error, uint64_t* manif
     }
     c.publish(id, report.dump());
     try {
-      std::string text = merge_parts(c.gather(id), metadata_);
+      const Clock::time_point w0 = Clock::now();
+      std::vector<std::string> reports = c.gather(id);
+      coordinate_s_ = seconds(Clock::now() - w0);
+      std::string text = merge_parts(reports, metadata_);
       *manifest_bytes = commit_directory(res_.host->engine(), paths_, text, overwrite_, leftover);
     } catch (...) {
       error = std::current_exception();

@@ -73,6 +73,7 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   std::atomic<uint64_t> pending_{1};  // submitted writes not completed, +1 while staging
   std::atomic<bool> failed_{false};
   bool keep_temporary_ = false;  // distributed: rank 0 went silent and may still commit
+  double coordinate_s_ = 0;      // distributed: waiting for the other ranks / rank 0's verdict
   std::mutex error_mu_;
   std::exception_ptr error_;
   std::atomic<uint64_t> buffer_waits_{0}, buffers_reused_{0};
