@@ -3,15 +3,12 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
-#include <map>
 #include <memory>
 #include <optional>
-#include <set>
 
 #include "common/glob.h"
 #include "format/dtype.h"
 #include "format/manifest_io.h"
-#include "format/open_file.h"
 #include "restore/read_chunks.h"
 #include "restore/read_plan.h"
 #include "restore/read_snapshot.h"
@@ -55,26 +52,6 @@ std::optional<std::string> mismatch(const TensorRecord& r, const at::Tensor& des
   return std::nullopt;
 }
 
-// Every file that holds one of `keys` exists with the size the manifest gives it (the full
-// checks of each shard follow when it is opened for reading).
-void check_file_sizes(const format::SnapshotDir& dir, const Manifest& m,
-                      const restore::RecordIndex& index, const std::vector<std::string>& keys) {
-  std::map<std::string, uint64_t> sizes;
-  for (const FileRecord& f : m.files) sizes.emplace(f.name, f.size);
-  std::set<std::string> checked;
-  for (const std::string& k : keys) {
-    const std::string& file = index.at(k)->file;
-    if (!checked.insert(file).second) continue;
-    const std::string path = dir.label(file);
-    const format::OpenedFile opened = format::open_snapshot_file(dir, file, "shard");
-    if (opened.size() != sizes.at(file)) {
-      throw_error(ErrorCode::kTruncated, "shard " + path + " is " + std::to_string(opened.size()) +
-                                             " bytes, the manifest says " +
-                                             std::to_string(sizes.at(file)));
-    }
-  }
-}
-
 // A new tensor for `r`; an allocation failure becomes a tsnap error naming the tensor.
 at::Tensor allocate(const TensorRecord& r) {
   try {
@@ -99,7 +76,10 @@ StateDict load(const std::filesystem::path& path, const LoadOptions& options) {
     out.reserve(keys.size());
     // The manifest's sizes are believed only once the files are there with those sizes: a
     // manifest claiming a 1 TiB tensor over a small shard fails here, before any allocation.
-    check_file_sizes(dir, m, index, keys);
+    // The shards stay open for the reads.
+    std::vector<const TensorRecord*> records;
+    for (const std::string& k : keys) records.push_back(index.at(k));
+    restore::OpenedShards opened = restore::open_shards(dir, m, records);
     for (const std::string& k : keys) {
       const TensorRecord* r = index.at(k);
       out.push_back(allocate(*r));
@@ -108,7 +88,7 @@ StateDict load(const std::filesystem::path& path, const LoadOptions& options) {
     LoadOptions streaming = options;
     streaming.atomic = false;  // new tensors: a failed load returns nothing anyway
     restore::read_chunks(dir, m, targets, restore::plan_reads(m, targets, options.verify),
-                         streaming, /*in_place=*/false);
+                         streaming, /*in_place=*/false, &opened);
 
     StateDict result;
     for (size_t i = 0; i < targets.size(); ++i) {
