@@ -6,12 +6,15 @@
 
 #include <cerrno>
 
+#include "common/test_point.h"
+
 namespace tsnap::detail {
 namespace {
 
 thread_local int first_error = 0;
 
 int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
+  test_point("remove_tree");
   if (::remove(path) != 0 && errno != ENOENT && first_error == 0) first_error = -errno;
   return 0;  // keep going: remove as much as possible
 }

@@ -3,15 +3,12 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
-#include <map>
 #include <memory>
 #include <optional>
-#include <set>
 
 #include "common/glob.h"
 #include "format/dtype.h"
 #include "format/manifest_io.h"
-#include "format/open_file.h"
 #include "restore/read_chunks.h"
 #include "restore/read_plan.h"
 #include "restore/read_snapshot.h"
@@ -88,26 +85,6 @@ std::optional<std::string> mismatch(const TensorRecord& r, const at::Tensor& des
            " (only floating dtypes convert)";
   }
   return std::nullopt;
-}
-
-// Every file that holds one of `targets` exists with the size the manifest gives it (the full
-// checks of each shard follow when it is opened for reading).
-void check_file_sizes(const format::SnapshotDir& dir, const Manifest& m,
-                      const std::vector<restore::Target>& targets) {
-  std::map<std::string, uint64_t> sizes;
-  for (const FileRecord& f : m.files) sizes.emplace(f.name, f.size);
-  std::set<std::string> checked;
-  for (const restore::Target& t : targets) {
-    const std::string& file = t.record->file;
-    if (!checked.insert(file).second) continue;
-    const std::string path = dir.label(file);
-    const format::OpenedFile opened = format::open_snapshot_file(dir, file, "shard");
-    if (opened.size() != sizes.at(file)) {
-      throw_error(ErrorCode::kTruncated, "shard " + path + " is " + std::to_string(opened.size()) +
-                                             " bytes, the manifest says " +
-                                             std::to_string(sizes.at(file)));
-    }
-  }
 }
 
 // A new tensor for `r`, of `shape`; an allocation failure becomes a tsnap error naming it.
@@ -193,7 +170,10 @@ StateDict load(const std::filesystem::path& path, const LoadOptions& options) {
     }
     // The manifest's sizes are believed only once the files are there with those sizes: a
     // manifest claiming a 1 TiB tensor over a small shard fails here, before any allocation.
-    check_file_sizes(dir, m, targets);
+    // The shards stay open for the reads.
+    std::vector<const TensorRecord*> records;
+    for (const restore::Target& t : targets) records.push_back(t.record);
+    restore::OpenedShards opened = restore::open_shards(dir, m, records);
     StateDict result;
     for (size_t i = 0; i < targets.size();) {
       const TensorRecord& r = *targets[i].record;
@@ -208,7 +188,7 @@ StateDict load(const std::filesystem::path& path, const LoadOptions& options) {
     LoadOptions streaming = options;
     streaming.atomic = false;  // new tensors: a failed load returns nothing anyway
     restore::read_chunks(dir, m, targets, restore::plan_reads(m, targets, options.verify),
-                         streaming, /*in_place=*/false);
+                         streaming, /*in_place=*/false, &opened);
     return result;
   });
 }

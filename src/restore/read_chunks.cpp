@@ -278,9 +278,21 @@ std::string written_note(const std::vector<Target>& targets,
 
 }  // namespace
 
+OpenedShards open_shards(const format::SnapshotDir& dir, const Manifest& manifest,
+                         const std::vector<const TensorRecord*>& records) {
+  std::map<std::string, const FileRecord*> files;
+  for (const FileRecord& f : manifest.files) files.emplace(f.name, &f);
+  OpenedShards opened;
+  for (const TensorRecord* r : records) {
+    if (opened.count(r->file)) continue;
+    opened.emplace(r->file, std::make_unique<ShardReader>(dir, *files.at(r->file), manifest));
+  }
+  return opened;
+}
+
 ReadStats read_chunks(const format::SnapshotDir& dir, const Manifest& manifest,
                       const std::vector<Target>& targets, const ReadPlan& plan,
-                      const LoadOptions& options, bool in_place) {
+                      const LoadOptions& options, bool in_place, OpenedShards* opened) {
   ReadStats stats;
   if (plan.chunks.empty()) return stats;
   if (plan.max_chunk_length > kMaxChunk) {
@@ -303,9 +315,17 @@ ReadStats read_chunks(const format::SnapshotDir& dir, const Manifest& manifest,
     }
   }
 
-  // Open and check every shard before anything is read or written.
+  // Open and check every shard before anything is read or written (unless the caller did).
   std::vector<OpenShard> shards(plan.files.size());
   for (size_t i = 0; i < plan.files.size(); ++i) {
+    if (opened != nullptr) {
+      const auto it = opened->find(plan.files[i]->name);
+      if (it != opened->end() && &it->second->file() == plan.files[i]) {
+        shards[i].reader = std::move(it->second);
+        opened->erase(it);
+        continue;
+      }
+    }
     shards[i].reader = std::make_unique<ShardReader>(dir, *plan.files[i], manifest);
   }
   bool direct = options.direct_io;

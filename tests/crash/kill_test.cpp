@@ -12,6 +12,7 @@
 #include <random>
 #include <thread>
 
+#include "crash/child_process.h"
 #include "support/test_util.h"
 #include "tsnap/catalog.h"
 #include "tsnap/load.h"
@@ -52,13 +53,7 @@ TEST(Crash, ChildProcess) {
 }
 
 pid_t spawn_child(const std::filesystem::path& root) {
-  const pid_t pid = fork();
-  if (pid == 0) {
-    ::setenv("TSNAP_CRASH_ROOT", root.c_str(), 1);
-    execl("/proc/self/exe", "kill_test", "--gtest_filter=Crash.ChildProcess", nullptr);
-    _exit(127);
-  }
-  return pid;
+  return crash_test::spawn_self("Crash.ChildProcess", {{"TSNAP_CRASH_ROOT", root.string()}});
 }
 
 TEST(Crash, KilledSaveNeverCorruptsCommittedSnapshots) {

@@ -60,6 +60,11 @@ void fail(const std::string& what) {
   std::abort();
 }
 
+void rejected(const char* what, const Error& e) {
+  static const bool verbose = std::getenv("TSNAP_FUZZ_VERBOSE") != nullptr;
+  if (verbose) std::fprintf(stderr, "fuzz: %s: %s: %s\n", what, to_string(e.code()), e.what());
+}
+
 std::string pack(const std::vector<File>& files) {
   std::string out;
   for (const File& f : files) {

@@ -17,6 +17,10 @@ namespace tsnap::fuzz {
 /// Prints `what` to stderr and aborts: libFuzzer then saves the input as a crash.
 [[noreturn]] void fail(const std::string& what);
 
+/// With TSNAP_FUZZ_VERBOSE set in the environment, prints what `what` threw (code and message) to
+/// stderr: to see how a replayed input is rejected.
+void rejected(const char* what, const Error& e);
+
 /// Runs `call`. Returns true when it returned, false when it threw an expected tsnap::Error
 /// (any code but kInternal). Aborts (fail) on kInternal or any other exception: a hostile file
 /// must be rejected with a tsnap::Error naming the problem, never with another exception.
@@ -27,6 +31,7 @@ bool accepts(const char* what, Call&& call) {
     return true;
   } catch (const Error& e) {
     if (e.code() == ErrorCode::kInternal) fail(std::string(what) + ": kInternal: " + e.what());
+    rejected(what, e);
     return false;
   } catch (const std::exception& e) {
     fail(std::string(what) + ": not a tsnap::Error: " + e.what());

@@ -66,8 +66,11 @@ tsnap::Checkpoint checkpoint_of(Net& net, torch::optim::Adam& opt) {
 }
 
 bool same(const at::Tensor& a, const at::Tensor& b) {
-  return a.scalar_type() == b.scalar_type() && a.sizes() == b.sizes() &&
-         std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.nbytes()) == 0;
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  const at::Tensor ca = a.contiguous();
+  const at::Tensor cb = b.contiguous();
+  // An empty tensor's data_ptr() may be null, and memcmp on null is undefined even for 0 bytes.
+  return ca.nbytes() == 0 || std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) == 0;
 }
 
 int fail(const std::string& what) {

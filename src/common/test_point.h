@@ -1,0 +1,25 @@
+#pragma once
+// Test points (rocksdb's sync points, reduced to one callback): library code marks a moment of a
+// crash-relevant sequence that does not go through the io engine, whose calls tests intercept
+// with io::ScopedEngineOverride instead. A test installs a callback that sees each point, e.g.
+// to kill the process there (tests/crash/soak_test.cpp). The points:
+//   "remove_tree"  before each file or directory remove_tree deletes: the removal of a stale
+//                  temporary at start-up, of a snapshot expired by retention, of an overwritten
+//                  snapshot, of a failed save's temporary directory.
+// Without a callback a point costs one relaxed atomic load.
+// Thread-safety: points may be passed on any thread; the callback is called on that thread and
+// must be thread-safe. Setting it is not synchronised with points in flight: set it before the
+// library is used.
+
+namespace tsnap::detail {
+
+/// Receives the name of each test point passed (a string literal).
+using TestPointCallback = void (*)(const char* point);
+
+/// Installs `callback` for every later test point of the process (nullptr: none).
+void set_test_point_callback(TestPointCallback callback) noexcept;
+
+/// Calls the installed callback with `point`, if there is one.
+void test_point(const char* point) noexcept;
+
+}  // namespace tsnap::detail
