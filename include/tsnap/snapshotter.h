@@ -24,7 +24,12 @@ class DistGroup;
 /// Options of a Snapshotter; fixed for its lifetime.
 struct TSNAP_API SnapshotterOptions {
   std::filesystem::path root;                    ///< Snapshots go to `<root>/<name>/`.
-  uint64_t staging_budget_bytes = 512ull << 20;  ///< Total size of the staging buffers.
+  /// Total size of the staging buffers, allocated once and reused by every save. 0 (default):
+  /// automatic, sized at the first save to hold that save whole (its chunks), so that it
+  /// stalls training for the staging copy alone, but at most a quarter of the machine's
+  /// physical memory and at least 2 chunks; fixed from then on. A later, larger save waits
+  /// for buffers that writes give back (SaveStats::buffer_waits, and the periodic log line).
+  uint64_t staging_budget_bytes = 0;
   uint64_t chunk_bytes = 16ull << 20;            ///< Default chunk size (multiple of 4096).
   int stage_threads = 0;      ///< TBB arena size for copy/convert/hash; 0 = half the cores (>= 1).
   int io_threads = 4;         ///< Threads of the pwrite engine (and for fsyncs).
@@ -73,6 +78,9 @@ class TSNAP_API Snapshotter {
   const std::filesystem::path& root() const;
   /// The engine in use ("io_uring" or "pwrite") and whether O_DIRECT is on.
   std::string engine_name() const;
+  /// The staging budget in use: the option, or with automatic sizing 0 until the first save
+  /// and the chosen size after it.
+  uint64_t staging_budget_bytes() const;
   /// The group of a distributed Snapshotter (SnapshotterOptions::group), null otherwise.
   const std::shared_ptr<DistGroup>& group() const;
   /// The newest committed snapshot under root (see tsnap::latest), if any.

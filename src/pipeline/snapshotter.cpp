@@ -37,6 +37,10 @@ struct Snapshotter::Impl {
   int in_flight = 0;  // saves holding an admission slot
   int running = 0;    // saves whose handle has not completed yet (>= in_flight)
   std::shared_ptr<pipeline::Coordinator> coordinator;  // distributed saves only
+  std::mutex pool_mu;  // guards the creation of res.pool (automatic budget: at the first save)
+
+  void make_pool(uint64_t budget);
+  void ensure_pool(const plan::Plan& plan);
 
   SaveHandle start(const std::string& name, const std::string& id, const StateDict& state,
                    const nlohmann::json& metadata, const SaveOptions& options);
@@ -71,9 +75,6 @@ Snapshotter::Impl::Impl(SnapshotterOptions options) {
   }
   if (o.group) coordinator = o.group->coordinator();
   root_lock.emplace(o.root);  // removes stale temporaries when no other writer is alive
-  const size_t count =
-      std::max<size_t>(2, static_cast<size_t>(o.staging_budget_bytes / o.chunk_bytes));
-  res.pool = std::make_unique<stage::StagingPool>(count, o.chunk_bytes, /*pinned=*/true);
 
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = o.stage_threads > 0 ? o.stage_threads : std::max(1, cores / 2);
@@ -85,11 +86,29 @@ Snapshotter::Impl::Impl(SnapshotterOptions options) {
   request.queue_depth = o.queue_depth;
   request.io_threads = o.io_threads;
   res.host = io::host_for_save(request, o.direct_io, o.root.string());
+  if (o.staging_budget_bytes > 0) make_pool(o.staging_budget_bytes);
+}
+
+void Snapshotter::Impl::make_pool(uint64_t budget) {
+  const SnapshotterOptions& o = res.options;
+  const size_t count = std::max<size_t>(2, static_cast<size_t>(budget / o.chunk_bytes));
+  res.pool = std::make_unique<stage::StagingPool>(count, o.chunk_bytes, /*pinned=*/true);
   std::vector<iovec> iovs;
   for (size_t i = 0; i < res.pool->count(); ++i) {
     iovs.push_back({res.pool->data(static_cast<int>(i)), res.pool->buffer_bytes()});
   }
   res.host->engine().register_buffers(iovs);
+}
+
+void Snapshotter::Impl::ensure_pool(const plan::Plan& plan) {
+  std::lock_guard<std::mutex> lock(pool_mu);
+  if (res.pool) return;
+  // Automatic budget: this save's chunks, within a quarter of physical memory.
+  const uint64_t chunk = res.options.chunk_bytes;
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  const uint64_t memory = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * page : 8ull << 30;
+  const uint64_t cap = std::max<uint64_t>(2, memory / 4 / chunk);
+  make_pool(std::clamp<uint64_t>(plan.chunks.size(), 2, cap) * chunk);
 }
 
 Snapshotter::Impl::~Impl() {
@@ -174,10 +193,10 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
   format::check_metadata_writable(metadata);
   pipeline::Resources& res = this->res;
   const uint64_t chunk = options.chunk_bytes ? options.chunk_bytes : res.options.chunk_bytes;
-  if (chunk > res.pool->buffer_bytes()) {
+  if (chunk > res.options.chunk_bytes) {
     throw_error(ErrorCode::kInvalidArgument, "chunk_bytes " + std::to_string(chunk) +
                                                  " exceeds the Snapshotter's buffer size " +
-                                                 std::to_string(res.pool->buffer_bytes()));
+                                                 std::to_string(res.options.chunk_bytes));
   }
   const std::string root = res.options.root.string();
   pipeline::CommitPaths paths{root, "", root + "/" + name};
@@ -191,6 +210,7 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
                            coordinator ? coordinator->world_size() : 1};
   plan::Plan plan =
       plan::make_plan(state, options, chunk, id, std::max(1, res.options.io_threads), ranks);
+  ensure_pool(plan);
 
   admit();
   std::shared_ptr<pipeline::SaveJob> job;
@@ -225,6 +245,12 @@ void Snapshotter::wait_all() {
 }
 
 const fs::path& Snapshotter::root() const { return impl_->res.options.root; }
+
+uint64_t Snapshotter::staging_budget_bytes() const {
+  std::lock_guard<std::mutex> lock(impl_->pool_mu);
+  const auto& pool = impl_->res.pool;
+  return pool ? pool->count() * pool->buffer_bytes() : 0;
+}
 
 const std::shared_ptr<DistGroup>& Snapshotter::group() const { return impl_->res.options.group; }
 

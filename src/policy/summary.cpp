@@ -35,6 +35,11 @@ std::string snapshot_line(const SnapshotRecord& r) {
                  to_string(r.reason), s.bytes / kMB, r.blocked_s * kMs, s.stall_s * kMs,
                  s.stage_s * kMs, s.write_s * kMs, s.commit_s * kMs, s.total_s * kMs,
                  s.throughput_gbps(), s.engine.c_str(), s.direct ? "+O_DIRECT" : "");
+  if (s.buffer_waits > 0) {
+    line += format("; waited %llu times for staging buffers (the snapshot is larger than the "
+                   "staging budget)",
+                   static_cast<unsigned long long>(s.buffer_waits));
+  }
   for (size_t i = 0; i < r.deleted.size(); ++i) {
     line += (i == 0 ? "; deleted " : ", ") + r.deleted[i];
   }

@@ -421,3 +421,40 @@ TEST(Snapshotter, ThrowingCopyFailsTheHandle) {
 
 }  // namespace
 }  // namespace tsnap
+
+namespace tsnap {
+namespace {
+
+// The default budget is sized at the first save to hold it whole, then fixed: a 1 MB model
+// does not pay for 512 MiB of pinned buffers, and a larger later save waits for buffers and
+// says so.
+TEST(SnapshotterBudget, AutomaticBudgetHoldsTheFirstSaveAndStaysFixed) {
+  test_support::TempDir dir;
+  SnapshotterOptions o;
+  o.root = dir.path();
+  o.chunk_bytes = 1 << 20;
+  Snapshotter snap(o);
+  EXPECT_EQ(snap.staging_budget_bytes(), 0u);  // nothing allocated before a save
+  StateDict small;
+  for (int i = 0; i < 3; ++i) {
+    small.insert("w" + std::to_string(i), test_support::make_tensor(at::kFloat, {256 << 10}, i));
+  }
+  SaveHandle first = snap.save_async("first", small);
+  first.wait();
+  const uint64_t budget = snap.staging_budget_bytes();
+  EXPECT_GE(budget, 3u << 20);
+  EXPECT_LE(budget, 8u << 20);
+  EXPECT_EQ(first.stats().buffer_waits, 0u);
+  StateDict big = small;
+  for (int i = 3; i < 12; ++i) {
+    big.insert("w" + std::to_string(i), test_support::make_tensor(at::kFloat, {256 << 10}, i));
+  }
+  SaveHandle second = snap.save_async("second", big);
+  second.wait();
+  EXPECT_EQ(snap.staging_budget_bytes(), budget);  // fixed after the first save
+  EXPECT_GT(second.stats().buffer_waits, 0u);
+  EXPECT_TRUE(test_support::bitwise_equal(load(dir / "second").at("w11"), big.at("w11")));
+}
+
+}  // namespace
+}  // namespace tsnap
