@@ -117,7 +117,7 @@ struct TSNAP_API PeriodicOptions {
 /// Distributed (the Snapshotter has a DistGroup; every rank runs the same hook and calls
 /// `after_step` with the same steps): steps-based snapshots are taken by every rank at the same
 /// steps; a time-based snapshot (rank 0's clock) or a signal (on any rank) is posted to the group
-/// as a snapshot at a step a little ahead (about 0.25 s of training, at least 2 steps), which
+/// as a snapshot at a step a little ahead (about 0.5 s of training, at least 3 steps), which
 /// every rank takes; a signal on one rank so stops every rank after the same final snapshot.
 /// A due snapshot always waits for the previous one (WhenBusy::kSkip would let ranks decide
 /// differently); rank 0 alone applies retention; `resume` picks the same snapshot on every rank

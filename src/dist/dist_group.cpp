@@ -2,6 +2,7 @@
 // group's id, published by rank 0 when the group forms):
 //   <prefix>/<run>/<id>/rank-<r>   rank r's report (its manifest part, or its error)
 //   <prefix>/<run>/<id>/outcome    rank 0's verdict: empty = committed, else the error
+//   <prefix>/<run>/<id>/acks       how many other ranks need nothing more of the save
 //   <prefix>/<run>/triggers, trigger-<n>   periodic hooks' snapshot triggers, in posting order
 // Rank 0 deletes the reports once read; the verdicts are a few bytes each and stay.
 
@@ -12,6 +13,8 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
+#include <thread>
 
 #include "format/layout.h"
 #include "pipeline/coordinator.h"
@@ -54,6 +57,21 @@ class StoreCoordinator final : public pipeline::Coordinator {
     base_ = static_cast<uint32_t>(std::strtoul(run_.c_str() + 17, nullptr, 16));
   }
 
+  // Waits until every key of `keys` exists, polling (never a blocking Store::wait, which holds
+  // the client's lock for its whole duration in LibTorch 1.13 and 2.x: the periodic hook's
+  // trigger polls on the same client would stall behind it). Throws on timeout.
+  void wait_for(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto pause = std::chrono::microseconds(500);
+    while (!store_->check(keys)) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        throw std::runtime_error("timed out after " + seconds_text(timeout));
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(20));
+    }
+  }
+
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
 
@@ -72,7 +90,7 @@ class StoreCoordinator final : public pipeline::Coordinator {
     std::vector<std::string> keys;
     for (int r = 0; r < world_size_; ++r) keys.push_back(key(id, r));
     try {
-      store_->wait(keys, options_.timeout);
+      wait_for(keys, options_.timeout);
     } catch (const std::exception& e) {
       std::string missing;
       int count = 0;
@@ -108,6 +126,34 @@ class StoreCoordinator final : public pipeline::Coordinator {
             [&] { store_->set(outcome_key(id), bytes_of(outcome)); });
   }
 
+  void acknowledge(const std::string& id) override {
+    guarded("acknowledge save " + id, [&] { store_->add(acks_key(id), 1); });
+  }
+
+  void await_acknowledgements(const std::string& id, int count) noexcept override {
+    const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+    auto pause = std::chrono::microseconds(200);
+    try {
+      while (store_->add(acks_key(id), 0) < count &&
+             std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(pause);
+        pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(20));
+      }
+    } catch (const std::exception&) {
+    }
+  }
+
+  int reported_others(const std::string& id) noexcept override {
+    int n = 0;
+    for (int r = 1; r < world_size_; ++r) {
+      try {
+        n += store_->check({key(id, r)}) ? 1 : 0;
+      } catch (const std::exception&) {
+      }
+    }
+    return n;
+  }
+
   int64_t post_trigger(const std::string& text) override {
     int64_t index = 0;
     guarded("post a snapshot trigger", [&] {
@@ -129,7 +175,7 @@ class StoreCoordinator final : public pipeline::Coordinator {
   std::string outcome(const std::string& id) override {
     const std::string k = outcome_key(id);
     try {
-      store_->wait({k}, 2 * options_.timeout);
+      wait_for({k}, 2 * options_.timeout);
     } catch (const std::exception& e) {
       throw_error(ErrorCode::kPeerFailed,
                   "rank 0 gave no outcome of save " + id + " within " +
@@ -148,6 +194,9 @@ class StoreCoordinator final : public pipeline::Coordinator {
   }
   std::string trigger_key(int64_t index) const {
     return options_.prefix + "/" + run_ + "/trigger-" + std::to_string(index);
+  }
+  std::string acks_key(const std::string& id) const {
+    return options_.prefix + "/" + run_ + "/" + id + "/acks";
   }
   std::string outcome_key(const std::string& id) const {
     return options_.prefix + "/" + run_ + "/" + id + "/outcome";

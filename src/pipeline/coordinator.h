@@ -27,6 +27,15 @@ class Coordinator {
   /// Other ranks: rank 0's outcome of save `id`. Throws tsnap::Error when it does not come
   /// within the group's timeout (rank 0 dead or stuck).
   virtual std::string outcome(const std::string& id) = 0;
+  /// Other ranks: says this rank needs nothing more of save `id` from the store (it has read
+  /// the outcome, or reported its error).
+  virtual void acknowledge(const std::string& id) = 0;
+  /// Rank 0, after decide(): waits (at most the group's timeout) until `count` ranks have
+  /// acknowledged, so that rank 0, which may host the store, does not end before they have
+  /// read its verdict. Never throws.
+  virtual void await_acknowledgements(const std::string& id, int count) noexcept = 0;
+  /// Rank 0, when gather() failed: how many other ranks did report on save `id`. Never throws.
+  virtual int reported_others(const std::string& id) noexcept = 0;
 
   /// Periodic hooks: appends `text` to the group's sequence of triggers (a snapshot due at a
   /// step, decided by one rank, that every rank takes) and returns its index.

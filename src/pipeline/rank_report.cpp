@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "format/manifest_io.h"
+#include "pipeline/coordinator.h"
 #include "tsnap/error.h"
 
 namespace tsnap::pipeline {
@@ -50,6 +51,22 @@ std::exception_ptr error_from_json(const json& j) {
   const bool known = code >= 0 && code <= static_cast<int>(ErrorCode::kInternal);
   return make_error(known ? static_cast<ErrorCode>(code) : ErrorCode::kInternal,
                     j.value("message", std::string("(no message)")), j.value("errno", 0));
+}
+
+void report_no_part(Coordinator& coordinator, const std::string& id, const std::string& name,
+                    std::exception_ptr error) noexcept {
+  try {
+    json e = error_json(error);
+    if (coordinator.rank() == 0) {
+      e["message"] = "rank 0 failed: " + e["message"].get<std::string>();
+      coordinator.decide(id, e.dump());
+    } else {
+      coordinator.publish(id, json{{"name", name}, {"error", e}}.dump());
+      coordinator.acknowledge(id);
+    }
+  } catch (...) {
+    // The store is gone: the others fail on their timeout.
+  }
 }
 
 std::string merge_parts(const std::vector<std::string>& reports, const json& metadata) {

@@ -10,12 +10,21 @@
 
 namespace tsnap::pipeline {
 
+class Coordinator;
+
 /// `e` as {"code": <ErrorCode>, "message": ...}; an exception that is not a tsnap::Error is
 /// kInternal.
 nlohmann::json error_json(std::exception_ptr e);
 
 /// The error `j` (from error_json) describes, rebuilt as the tsnap::Error subclass of its code.
 std::exception_ptr error_from_json(const nlohmann::json& j);
+
+/// A rank that cannot take part in save `id` (its save_async threw, or a periodic hook learned
+/// of the snapshot too late) reports `error` at once: rank 0 decides the save failed, another
+/// rank posts its error for rank 0; either way the other ranks fail now, not on the timeout,
+/// and every rank's sequence of save ids stays in step. Never throws.
+void report_no_part(Coordinator& coordinator, const std::string& id, const std::string& name,
+                    std::exception_ptr error) noexcept;
 
 /// Rank 0: the manifest text of the snapshot that `reports` (one per rank, in rank order)
 /// make together, with user `metadata`. Checked as a reader would check it before it is

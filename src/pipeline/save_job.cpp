@@ -283,7 +283,13 @@ std::exception_ptr SaveJob::coordinate(std::exception_ptr error, uint64_t* manif
     }
     if (c.rank() != 0) {
       c.publish(id, report.dump());
-      if (error) return error;  // rank 0 cannot commit without this part: no need to wait
+      if (error) {  // rank 0 cannot commit without this part: no need to wait
+        try {
+          c.acknowledge(id);
+        } catch (const Error&) {
+        }
+        return error;
+      }
       std::string outcome;
       const Clock::time_point w0 = Clock::now();
       try {
@@ -294,6 +300,11 @@ std::exception_ptr SaveJob::coordinate(std::exception_ptr error, uint64_t* manif
         // removes them if it never does).
         keep_temporary_ = true;
         throw;
+      }
+      try {
+        c.acknowledge(id);
+      } catch (const Error&) {
+        // Rank 0 then waits for this rank until its timeout; the outcome stands.
       }
       return outcome.empty() ? nullptr : error_from_json(nlohmann::json::parse(outcome));
     }
@@ -306,9 +317,11 @@ std::exception_ptr SaveJob::coordinate(std::exception_ptr error, uint64_t* manif
       return error;
     }
     c.publish(id, report.dump());
+    bool everyone_reported = false;
     try {
       const Clock::time_point w0 = Clock::now();
       std::vector<std::string> reports = c.gather(id);
+      everyone_reported = true;
       coordinate_s_ = seconds(Clock::now() - w0);
       std::string text = merge_parts(reports, metadata_);
       *manifest_bytes = commit_directory(res_.host->engine(), paths_, text, overwrite_, leftover);
@@ -316,6 +329,9 @@ std::exception_ptr SaveJob::coordinate(std::exception_ptr error, uint64_t* manif
       error = std::current_exception();
     }
     c.decide(id, error ? error_json(error).dump() : std::string());
+    // Rank 0 may host the store: the others must read the verdict before it can end.
+    const int readers = everyone_reported ? c.world_size() - 1 : c.reported_others(id);
+    if (readers > 0) c.await_acknowledgements(id, readers);
     return error;
   } catch (...) {
     return error ? error : std::current_exception();

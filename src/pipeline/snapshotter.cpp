@@ -164,19 +164,7 @@ SaveHandle Snapshotter::save_async(const std::string& name, const StateDict& sta
   try {
     return impl_->start(name, id, state, metadata, options);
   } catch (...) {
-    if (coord) {
-      nlohmann::json error = pipeline::error_json(std::current_exception());
-      try {
-        if (coord->rank() == 0) {
-          error["message"] = "rank 0 failed: " + error["message"].get<std::string>();
-          coord->decide(id, error.dump());
-        } else {
-          coord->publish(id, nlohmann::json{{"name", name}, {"error", error}}.dump());
-        }
-      } catch (const std::exception&) {
-        // The others then fail on their timeout; this rank's own error is what it throws.
-      }
-    }
+    if (coord) pipeline::report_no_part(*coord, id, name, std::current_exception());
     throw;
   }
 }

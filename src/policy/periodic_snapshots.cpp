@@ -22,6 +22,7 @@
 
 #include "format/layout.h"
 #include "pipeline/coordinator.h"
+#include "pipeline/rank_report.h"
 #include "policy/retention.h"
 #include "policy/summary.h"
 #include "tsnap/catalog.h"
@@ -115,13 +116,13 @@ struct PeriodicSnapshots::Impl {
     SnapshotReason reason;
     int sig;
   };
-  static constexpr double kLeadSeconds = 0.25;
-  static constexpr int64_t kMinLeadSteps = 2;
+  static constexpr double kLeadSeconds = 0.5;
+  static constexpr int64_t kMinLeadSteps = 3;
   pipeline::Coordinator* coord = nullptr;
   asio::steady_timer poll_timer{io};
   int64_t next_trigger = 0;  // hook thread
   bool poll_failed = false;  // hook thread: logged once
-  std::deque<Trigger> agreed;  // guarded by mu
+  std::deque<Trigger> agreed;  // guarded by mu; ascending steps
   Clock::time_point last_after_step{};  // training thread
   double step_s = 0;                    // training thread: moving average of a step's time
 
@@ -250,8 +251,12 @@ void PeriodicSnapshots::Impl::poll_triggers() {
       const Trigger t{j.at("step").get<int64_t>(),
                       j.at("reason") == "signal" ? SnapshotReason::kSignal : SnapshotReason::kTime,
                       j.value("signal", 0)};
+      // Kept in step order: triggers come in posting order, but each proposer picks its own
+      // lead, so a later trigger can be due earlier.
       std::lock_guard<std::mutex> lock(mu);
-      agreed.push_back(t);
+      agreed.insert(std::upper_bound(agreed.begin(), agreed.end(), t,
+                                     [](const Trigger& a, const Trigger& b) { return a.step < b.step; }),
+                    t);
     }
   } catch (const std::exception& e) {
     if (!poll_failed) log(std::string("tsnap: cannot read the group's snapshot triggers: ") + e.what());
@@ -415,9 +420,14 @@ void PeriodicSnapshots::Impl::after_step_distributed(int64_t step) {
     }
   }
   for (const Trigger& t : missed) {
-    log("tsnap: rank " + std::to_string(coord->rank()) + " learned of the " + to_string(t.reason) +
-        " snapshot at step " + std::to_string(t.step) + " only at step " + std::to_string(step) +
-        ": it is missed here and fails on the other ranks");
+    const std::string what = "rank " + std::to_string(coord->rank()) + " learned of the " +
+                             to_string(t.reason) + " snapshot at step " + std::to_string(t.step) +
+                             " only at step " + std::to_string(step);
+    log("tsnap: " + what + ": it fails on every rank");
+    // Take this save's id and report it failed, so the others fail now and the ranks' save
+    // ids stay in step.
+    pipeline::report_no_part(*coord, coord->next_save_id(), format::step_name(t.step),
+                             make_error(ErrorCode::kPeerFailed, what));
   }
   if (due && due->reason == SnapshotReason::kSignal) {
     final_snapshot(step, due->sig, now);
