@@ -62,8 +62,12 @@ class TSNAP_API Snapshotter {
 
   /// Starts saving `state` as `<root>/<name>`. Returns when every tensor is staged (eager) or at
   /// once (lazy); the snapshot is point-in-time exact from then on (lazy: from wait_staged()).
-  /// Errors thrown here: InvalidArgument (bad name, bad dtype), Error(kAlreadyExists),
-  /// Error(kBusy). Later errors complete the handle.
+  /// Errors thrown here: InvalidArgument (bad name, bad dtype), Error(kAlreadyExists) when the
+  /// snapshot exists or an earlier save of `name` by this Snapshotter is still in flight (found
+  /// before anything is staged), Error(kBusy). With `options.overwrite`, a save of a name that
+  /// is still in flight is ordered after it: the call waits for that save's handle to complete
+  /// (like InFlightPolicy::kWait; with kFailFast it throws kBusy instead), so the later save's
+  /// snapshot is the one that stays. Later errors complete the handle.
   /// `metadata` is a JSON object (or null for none) stored in the manifest.
   SaveHandle save_async(const std::string& name, const StateDict& state,
                         const nlohmann::json& metadata = nlohmann::json::object(),

@@ -8,6 +8,7 @@
 #include "tsnap/dist_group.h"
 #include "tsnap/engine_kind.h"
 #include "tsnap/error.h"
+#include "tsnap/hf_export.h"
 #include "tsnap/load.h"
 #include "tsnap/manifest.h"
 #include "tsnap/model_state.h"

@@ -28,6 +28,7 @@ Command add_verify(CLI::App& app);
 Command add_cat(CLI::App& app);
 Command add_diff(CLI::App& app);
 Command add_consolidate(CLI::App& app);
+Command add_export(CLI::App& app);
 Command add_bench(CLI::App& app);
 
 }  // namespace tsnap::cli

@@ -16,6 +16,7 @@
 #include "cli/keys.h"
 #include "cli/output.h"
 #include "format/manifest_io.h"
+#include "tsnap/error.h"
 #include "tsnap/manifest.h"
 
 namespace tsnap::cli {
@@ -207,6 +208,15 @@ void print_text(const fs::path& path, const Manifest& m) {
 }
 
 int run_inspect(const InspectOptions& options) {
+  std::error_code ec;
+  if (fs::is_directory(options.snapshot, ec) &&
+      !fs::exists(fs::symlink_status(options.snapshot / "MANIFEST.json", ec))) {
+    throw_error(ErrorCode::kNotFound,
+                options.snapshot.string() +
+                    " is not a snapshot (it has no MANIFEST.json); if it holds snapshots, list "
+                    "them with: tsnap ls " +
+                    options.snapshot.string());
+  }
   const Manifest m = read_manifest(options.snapshot);
   if (options.json) {
     std::cout << to_json(options.snapshot, m).dump(2) << '\n';

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <set>
 
+#include "common/glob.h"
 #include "tsnap/error.h"
 #include "tsnap/load.h"
 
@@ -57,8 +58,11 @@ std::vector<KeyView> key_views(const Manifest& m) {
 KeyView key_view(const Manifest& m, const std::string& key, const std::filesystem::path& snapshot) {
   KeyView v{key, m.pieces(key)};
   if (v.pieces.empty()) {
-    throw_error(ErrorCode::kKeyNotFound,
-                "key '" + key + "' is not in snapshot " + snapshot.string());
+    std::vector<std::string> names;
+    for (const KeyView& k : key_views(m)) names.push_back(k.name);
+    throw_error(ErrorCode::kKeyNotFound, "key '" + key + "' is not in snapshot " +
+                                             snapshot.string() +
+                                             detail::near_keys_note(key, names));
   }
   return v;
 }

@@ -1,6 +1,7 @@
 // `tsnap ls ROOT`: the snapshot directories under a root, committed or not.
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -73,7 +74,22 @@ int run_ls(const LsOptions& options) {
   if (!fs::is_directory(options.root)) {
     throw_error(ErrorCode::kNotFound, "not a directory: " + options.root.string());
   }
-  const std::vector<Listed> entries = list(options.root);
+  // A snapshot given for its root: say so, and show its own line of its root's listing.
+  const bool is_snapshot = fs::exists(options.root / "MANIFEST.json");
+  const fs::path dir = options.root.has_filename() ? options.root : options.root.parent_path();
+  const fs::path parent = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
+  std::vector<Listed> entries = list(is_snapshot ? parent : options.root);
+  if (is_snapshot) {
+    const std::string name = dir.filename().string();
+    entries.erase(std::remove_if(entries.begin(), entries.end(),
+                                 [&](const Listed& e) { return e.name != name; }),
+                  entries.end());
+    if (!options.json) {
+      std::cerr << options.root.string()
+                << " is a snapshot, not a root of snapshots (its contents: tsnap inspect "
+                << options.root.string() << "); its line in the listing of its root:\n";
+    }
+  }
   if (options.json) {
     nlohmann::json out = nlohmann::json::array();
     for (const Listed& entry : entries) out.push_back(to_json(entry));

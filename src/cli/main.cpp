@@ -59,7 +59,7 @@ int main_impl(int argc, char** argv) {
   app.require_subcommand(1);
   const std::vector<Command> commands = {
       add_ls(app),   add_inspect(app), add_verify(app),      add_cat(app),
-      add_diff(app), add_bench(app),   add_consolidate(app),
+      add_diff(app), add_bench(app),   add_consolidate(app), add_export(app),
   };
   app.footer(
       "Run 'tsnap SUBCOMMAND --help' for a subcommand's options.\n"

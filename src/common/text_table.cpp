@@ -27,8 +27,33 @@ Table::Table(std::vector<std::string> headers)
 
 void Table::set_numeric(size_t column) { numeric_.at(column) = true; }
 
+namespace {
+
+// A cell as it may reach a terminal: control bytes (a key may hold any of them) as \xNN, so
+// that a name can neither break the table's lines nor send escape sequences.
+std::string escaped(std::string cell) {
+  const auto control = [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; };
+  if (std::none_of(cell.begin(), cell.end(), control)) return cell;
+  std::string out;
+  for (char c : cell) {
+    if (!control(c)) {
+      out += c;
+      continue;
+    }
+    static const char kHex[] = "0123456789abcdef";
+    const auto u = static_cast<unsigned char>(c);
+    out += "\\x";
+    out += kHex[u >> 4];
+    out += kHex[u & 15];
+  }
+  return out;
+}
+
+}  // namespace
+
 void Table::add_row(std::vector<std::string> cells) {
   if (cells.size() != headers_.size()) throw std::logic_error("Table::add_row: wrong cell count");
+  for (std::string& cell : cells) cell = escaped(std::move(cell));
   rows_.push_back(std::move(cells));
 }
 

@@ -21,7 +21,8 @@ class Table {
   explicit Table(std::vector<std::string> headers);
   /// Right-aligns column `column`.
   void set_numeric(size_t column);
-  /// Adds a row; it must have one cell per header (std::logic_error otherwise).
+  /// Adds a row; it must have one cell per header (std::logic_error otherwise). Control bytes
+  /// in a cell (a key may hold any) are shown escaped, as \xNN.
   void add_row(std::vector<std::string> cells);
   bool empty() const { return rows_.empty(); }
   void print(std::ostream& out) const;

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <string>
 #include <thread>
 
 #include "common/sys_error.h"
@@ -36,6 +38,9 @@ struct Snapshotter::Impl {
   std::condition_variable cv;
   int in_flight = 0;  // saves holding an admission slot
   int running = 0;    // saves whose handle has not completed yet (>= in_flight)
+  // Names of the saves whose handle has not completed yet: a second save of one of them is
+  // refused at the call (kAlreadyExists) or, with overwrite, ordered after it (see admit).
+  std::multiset<std::string> names;
   std::shared_ptr<pipeline::Coordinator> coordinator;  // distributed saves only
   std::mutex pool_mu;  // guards the creation of res.pool (automatic budget: at the first save)
 
@@ -47,9 +52,9 @@ struct Snapshotter::Impl {
 
   explicit Impl(SnapshotterOptions options);
   ~Impl();
-  void admit();
+  void admit(const std::string& name, bool overwrite);
   void release_slot();
-  void completed();
+  void completed(const std::string& name);
 };
 
 Snapshotter::Impl::Impl(SnapshotterOptions options) {
@@ -120,8 +125,24 @@ Snapshotter::Impl::~Impl() {
   res.host.reset();  // after every save: closes the ring, then joins the io thread
 }
 
-void Snapshotter::Impl::admit() {
+void Snapshotter::Impl::admit(const std::string& name, bool overwrite) {
   std::unique_lock<std::mutex> lock(mu);
+  if (names.count(name) != 0) {
+    const std::string where = (res.options.root / name).string();
+    if (!overwrite) {
+      throw_error(ErrorCode::kAlreadyExists,
+                  "snapshot " + where +
+                      " is being saved already (an earlier save_async of this name is still in "
+                      "flight; pass overwrite to replace it once that one completes)");
+    }
+    if (res.options.in_flight == InFlightPolicy::kFailFast) {
+      throw_error(ErrorCode::kBusy, "snapshot " + where +
+                                        " is still being saved by an earlier save_async; "
+                                        "overwriting it must wait for that one to complete");
+    }
+    // Overwrite: this save is ordered after the earlier one (its commit replaces the other's).
+    cv.wait(lock, [&] { return names.count(name) == 0; });
+  }
   if (in_flight >= res.options.max_in_flight) {
     if (res.options.in_flight == InFlightPolicy::kFailFast) {
       throw_error(ErrorCode::kBusy, std::to_string(in_flight) +
@@ -132,6 +153,7 @@ void Snapshotter::Impl::admit() {
   }
   ++in_flight;
   ++running;
+  names.insert(name);
 }
 
 void Snapshotter::Impl::release_slot() {
@@ -142,10 +164,11 @@ void Snapshotter::Impl::release_slot() {
   cv.notify_all();
 }
 
-void Snapshotter::Impl::completed() {
+void Snapshotter::Impl::completed(const std::string& name) {
   {
     std::lock_guard<std::mutex> lock(mu);
     --running;
+    names.erase(names.find(name));
   }
   cv.notify_all();
 }
@@ -200,17 +223,17 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
       plan::make_plan(state, options, chunk, id, std::max(1, res.options.io_threads), ranks);
   ensure_pool(plan);
 
-  admit();
+  admit(name, options.overwrite);
   std::shared_ptr<pipeline::SaveJob> job;
   try {
     job = std::make_shared<pipeline::SaveJob>(
         res, std::move(plan), std::move(paths),
         metadata.is_null() ? nlohmann::json::object() : metadata, options.overwrite, coordinator,
-        started, [this] { release_slot(); }, [this] { completed(); });
+        started, [this] { release_slot(); }, [this, name] { completed(name); });
     job->open_files();
   } catch (...) {
     release_slot();
-    completed();
+    completed(name);
     throw;
   }
   SaveHandle handle(job->state());

@@ -152,6 +152,76 @@ TEST(Snapshotter, FailFastPolicyRefusesWhenBusy) {
   expect_equal(sd, load(dir / "b"));
 }
 
+// A second save of a name whose first save is still in flight fails at the call, before
+// anything of it is staged or written (not after writing everything, at the commit).
+TEST(Snapshotter, SameNameInFlightFailsAtTheCall) {
+  TempDir dir;
+  auto gate = std::make_shared<test_support::GateEngine>();  // holds "a" at its commit
+  Snapshotter snap = test_support::on_engine(gate, [&] {
+    return Snapshotter(
+        {.root = dir.path(), .staging_budget_bytes = 2 << 20, .chunk_bytes = 1 << 20});
+  });
+  const StateDict first = big_state(2, 1000, 1);
+  const StateDict second = big_state(2, 1000, 50);
+  SaveHandle h1 = snap.save_async("a", first);
+  try {
+    snap.save_async("a", second);
+    FAIL() << "expected kAlreadyExists";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kAlreadyExists);
+    EXPECT_NE(std::string(e.what()).find("still in flight"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(h1.done());
+  // Only the first save's temporary directory: the refused one made nothing.
+  int temporaries = 0;
+  for (const std::string& e : test_support::dir_entries(dir.path())) {
+    temporaries += e.find(".tmp-") != std::string::npos;
+  }
+  EXPECT_EQ(temporaries, 1);
+  // Another name is not affected.
+  SaveHandle hb = snap.save_async("b", second);
+
+  // With overwrite the second save is ordered after the first: the call waits for it.
+  std::atomic<bool> returned{false};
+  SaveHandle h2;
+  std::thread t([&] {
+    h2 = snap.save_async("a", second, nlohmann::json::object(), {.overwrite = true});
+    returned = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(returned.load()) << "the overwrite did not wait for the save in flight";
+  gate->open_gate();
+  t.join();
+  EXPECT_NO_THROW(h1.wait());
+  EXPECT_NO_THROW(h2.wait());
+  EXPECT_NO_THROW(hb.wait());
+  expect_equal(second, load(dir / "a"));  // the later save is the one that stays
+}
+
+// Under kFailFast, overwriting a name still in flight is refused (kBusy) instead of waiting.
+TEST(Snapshotter, OverwriteOfANameInFlightFailsFastUnderFailFast) {
+  TempDir dir;
+  auto gate = std::make_shared<test_support::GateEngine>();
+  Snapshotter snap = test_support::on_engine(gate, [&] {
+    return Snapshotter({.root = dir.path(),
+                        .staging_budget_bytes = 2 << 20,
+                        .chunk_bytes = 1 << 20,
+                        .in_flight = InFlightPolicy::kFailFast});
+  });
+  const StateDict sd = big_state(1, 1000, 3);
+  SaveHandle h = snap.save_async("a", sd);
+  try {
+    snap.save_async("a", sd, nlohmann::json::object(), {.overwrite = true});
+    FAIL() << "expected kBusy";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kBusy);
+  }
+  gate->open_gate();
+  h.wait();
+  EXPECT_NO_THROW(snap.save_async("a", sd, nlohmann::json::object(), {.overwrite = true}).wait());
+  expect_equal(sd, load(dir / "a"));
+}
+
 class AdmissionTest : public ::testing::TestWithParam<InFlightPolicy> {
  protected:
   // One save in flight at most, under the policy of the test.

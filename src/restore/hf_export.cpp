@@ -1,0 +1,246 @@
+// tsnap::export_hf: a snapshot as a Hugging Face model directory (include/tsnap/hf_export.h).
+//
+// Durable-write protocol:
+//   1. load the selected keys (tsnap::load: every chunk verified, pieces assembled);
+//   2. make ".<out>.hf-tmp-<id>" next to `out`; write each file there with plain buffered
+//      writes (header from format::build_header, then the tensors' bytes), fsync and close it;
+//   3. write model.safetensors.index.json the same way when there are several files;
+//   4. fsync the temporary directory, rename it to `out` (with overwrite: move the old `out`
+//      aside first, then remove it), fsync the parent.
+// Any failure removes the temporary directory; `out` is never seen half-written.
+
+#include "tsnap/hf_export.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/remove_tree.h"
+#include "common/sys_error.h"
+#include "format/dtype.h"
+#include "format/layout.h"
+#include "format/safetensors.h"
+#include "io/fd.h"
+#include "tsnap/load.h"
+#include "tsnap/manifest.h"
+
+namespace tsnap {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct OutFile {
+  std::string name;
+  std::vector<std::pair<std::string, at::Tensor>> tensors;  // in data order
+  uint64_t bytes = 0;
+};
+
+uint64_t nbytes_of(const at::Tensor& t) { return static_cast<uint64_t>(t.nbytes()); }
+
+// Writes all of `data` at the current position of `fd`, retrying EINTR and short writes.
+void write_all(int fd, const char* data, uint64_t len, const fs::path& file, uint64_t* offset) {
+  while (len > 0) {
+    const size_t step = static_cast<size_t>(std::min<uint64_t>(len, 1ull << 30));
+    const ssize_t n = ::write(fd, data, step);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      detail::throw_sys_error(-errno,
+                              "write " + file.string() + " at offset " + std::to_string(*offset));
+    }
+    data += n;
+    len -= static_cast<uint64_t>(n);
+    *offset += static_cast<uint64_t>(n);
+  }
+}
+
+// Creates `path` (which must not exist), lets `fill` write it, fsyncs and closes it.
+template <typename Fill>
+void write_file(const fs::path& path, Fill&& fill) {
+  int err = 0;
+  io::UniqueFd fd = io::open_fd(path.string(), O_WRONLY | O_CREAT | O_EXCL, 0644, &err);
+  if (!fd.valid()) detail::throw_sys_error(err, "create " + path.string());
+  uint64_t offset = 0;
+  fill(fd.get(), &offset);
+  if (::fsync(fd.get()) != 0) detail::throw_sys_error(-errno, "fsync " + path.string());
+  if (const int rc = fd.close(); rc != 0) detail::throw_sys_error(rc, "close " + path.string());
+}
+
+void fsync_dir(const fs::path& dir) {
+  int err = 0;
+  io::UniqueFd fd = io::open_fd(dir.string(), O_RDONLY | O_DIRECTORY, 0, &err);
+  if (!fd.valid()) detail::throw_sys_error(err, "open directory " + dir.string());
+  if (::fsync(fd.get()) != 0) detail::throw_sys_error(-errno, "fsync directory " + dir.string());
+}
+
+void write_safetensors(const fs::path& path, const OutFile& file) {
+  std::vector<format::HeaderTensor> header;
+  uint64_t at = 0;
+  for (const auto& [key, t] : file.tensors) {
+    const uint64_t n = nbytes_of(t);
+    header.push_back({key, t.scalar_type(), t.sizes().vec(), at, at + n});
+    at += n;
+  }
+  const std::string head = format::build_header(header, {{"format", "pt"}});
+  write_file(path, [&](int fd, uint64_t* offset) {
+    write_all(fd, head.data(), head.size(), path, offset);
+    for (const auto& [key, t] : file.tensors) {
+      write_all(fd, static_cast<const char*>(t.data_ptr()), nbytes_of(t), path, offset);
+    }
+  });
+}
+
+// Splits the keys (in key order) into files of at most max_shard_size data bytes, as
+// transformers' save_pretrained does; a tensor larger than the limit gets a file of its own.
+// Within a file the tensors are ordered by element size (largest first), then name, so that
+// each is aligned to its element size (the header pads the data start to 4096).
+std::vector<OutFile> split(StateDict& state, uint64_t max_shard_size) {
+  std::vector<OutFile> files;
+  for (auto& [key, entry] : state) {
+    const uint64_t n = nbytes_of(entry.tensor);
+    if (files.empty() ||
+        (!files.back().tensors.empty() && files.back().bytes + n > max_shard_size)) {
+      files.emplace_back();
+    }
+    files.back().tensors.emplace_back(key, entry.tensor);
+    files.back().bytes += n;
+  }
+  if (files.empty()) files.emplace_back();  // an empty state still gets its (empty) file
+  for (OutFile& f : files) {
+    std::stable_sort(f.tensors.begin(), f.tensors.end(), [](const auto& a, const auto& b) {
+      return a.second.element_size() > b.second.element_size();
+    });
+  }
+  if (files.size() == 1) {
+    files[0].name = "model.safetensors";
+  } else {
+    for (size_t i = 0; i < files.size(); ++i) {
+      char name[64];
+      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, files.size());
+      files[i].name = name;
+    }
+  }
+  return files;
+}
+
+// Prepares the loaded state: whole tensors only, converted to the requested dtype, contiguous.
+void prepare(StateDict& state, const fs::path& snapshot, const HfExportOptions& options) {
+  for (auto& [key, entry] : state) {
+    if (entry.shard && entry.shard->global_shape != entry.tensor.sizes().vec()) {
+      throw_error(ErrorCode::kUnsupported,
+                  "tensor '" + key + "' of " + snapshot.string() +
+                      " holds only a piece of its global tensor (a rank's part without its "
+                      "peers'): it cannot be exported");
+    }
+    at::Tensor t = entry.tensor;
+    if (options.dtype && format::is_floating(t.scalar_type())) t = t.to(*options.dtype);
+    entry.tensor = t.contiguous();
+  }
+}
+
+// Throws kKeyNotFound, naming the objects there are, when no key of the snapshot is under
+// "<object>/".
+void check_object(const fs::path& snapshot, const std::string& object) {
+  std::set<std::string> objects;
+  for (const TensorRecord& t : read_manifest(snapshot).tensors) {
+    const size_t slash = t.name.find('/');
+    if (slash != std::string::npos) objects.insert(t.name.substr(0, slash));
+  }
+  if (objects.count(object) != 0) return;
+  std::string list;
+  for (const std::string& o : objects) list += (list.empty() ? "" : ", ") + o;
+  throw_error(
+      ErrorCode::kKeyNotFound,
+      "snapshot " + snapshot.string() + " has no object '" + object + "' (no key starts with '" +
+          object + "/'); " +
+          (objects.empty() ? "it has no keys of the form OBJECT/KEY" : "its objects: " + list));
+}
+
+}  // namespace
+
+HfExportResult export_hf(const fs::path& snapshot, const fs::path& out,
+                         const HfExportOptions& options) {
+  if (options.dtype && !format::is_floating(*options.dtype)) {
+    throw_error(ErrorCode::kInvalidArgument,
+                "export dtype must be floating (f64, f32, f16 or bf16), not " +
+                    std::string(c10::toString(*options.dtype)));
+  }
+  if (options.max_shard_size == 0) {
+    throw_error(ErrorCode::kInvalidArgument, "max_shard_size must be positive");
+  }
+  const fs::path target = out.has_filename() ? out : out.parent_path();
+  std::error_code ec;
+  const bool exists = fs::exists(fs::symlink_status(target, ec));
+  if (exists && !options.overwrite) {
+    throw_error(ErrorCode::kAlreadyExists,
+                target.string() + " already exists; pass overwrite to replace it");
+  }
+
+  LoadOptions load_options;
+  if (!options.object.empty()) {
+    load_options.key_prefix = options.object + "/";
+    check_object(snapshot, options.object);
+  }
+  StateDict state = load(snapshot, load_options);
+  prepare(state, snapshot, options);
+  std::vector<OutFile> files = split(state, options.max_shard_size);
+
+  const std::string id = format::new_save_id();
+  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const fs::path tmp = parent / ("." + target.filename().string() + ".hf-tmp-" + id);
+  const fs::path old = parent / ("." + target.filename().string() + ".hf-old-" + id);
+  if (::mkdir(tmp.c_str(), 0755) != 0) {
+    detail::throw_sys_error(-errno, "create directory " + tmp.string());
+  }
+  HfExportResult result;
+  try {
+    nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+    for (const OutFile& f : files) {
+      write_safetensors(tmp / f.name, f);
+      result.files.push_back(f.name);
+      result.total_size += f.bytes;
+      result.tensors += f.tensors.size();
+    }
+    if (files.size() > 1) {
+      std::map<std::string, std::string> file_of;  // key order, as save_pretrained's index
+      for (const OutFile& f : files) {
+        for (const auto& kt : f.tensors) file_of[kt.first] = f.name;
+      }
+      for (const auto& [key, name] : file_of) weight_map[key] = name;
+      nlohmann::ordered_json index = {{"metadata", {{"total_size", result.total_size}}},
+                                      {"weight_map", weight_map}};
+      const std::string text = index.dump(2) + "\n";
+      const fs::path path = tmp / "model.safetensors.index.json";
+      write_file(path, [&](int fd, uint64_t* offset) {
+        write_all(fd, text.data(), text.size(), path, offset);
+      });
+      result.files.push_back("model.safetensors.index.json");
+    }
+    fsync_dir(tmp);
+    if (exists && ::rename(target.c_str(), old.c_str()) != 0) {
+      detail::throw_sys_error(-errno, "move " + target.string() + " aside to " + old.string());
+    }
+    if (::rename(tmp.c_str(), target.c_str()) != 0) {
+      const int err = -errno;
+      if (exists) ::rename(old.c_str(), target.c_str());  // put the old output back
+      detail::throw_sys_error(err, "rename " + tmp.string() + " to " + target.string());
+    }
+    fsync_dir(parent);
+  } catch (...) {
+    detail::remove_tree(tmp.string());
+    throw;
+  }
+  if (exists) detail::remove_tree(old.string());  // the new output is committed already
+  return result;
+}
+
+}  // namespace tsnap

@@ -1,0 +1,134 @@
+// The `tsnap` tool on single-process snapshots, run as a process as a user runs it: export to
+// Hugging Face, `ls` of a snapshot, `inspect` of a root, near-key hints, escaped key names.
+// (The same tool on a multi-rank snapshot: tests/dist/cli_test.cpp.)
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "format/safetensors.h"
+#include "support/test_util.h"
+#include "tsnap/load.h"
+#include "tsnap/save.h"
+
+namespace tsnap {
+namespace {
+
+namespace fs = std::filesystem;
+using test_support::TempDir;
+
+struct ToolRun {
+  int status = -1;     // exit status
+  std::string output;  // stdout and stderr
+};
+
+ToolRun tsnap_cli(const std::string& args) {
+  ToolRun run;
+#ifdef TSNAP_CLI_PATH
+  FILE* p = ::popen((std::string(TSNAP_CLI_PATH) + " " + args + " 2>&1").c_str(), "r");
+  if (p == nullptr) return run;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) run.output.append(buf, n);
+  const int status = ::pclose(p);
+  run.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+#endif
+  return run;
+}
+
+bool has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+std::string quoted(const fs::path& p) { return "'" + p.string() + "'"; }
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+#ifndef TSNAP_CLI_PATH
+    GTEST_SKIP() << "built without the tsnap tool (TSNAP_BUILD_CLI)";
+#endif
+    StateDict state;
+    state.insert("model/fc1.weight", test_support::make_tensor(at::kFloat, {8, 4}, 1));
+    state.insert("model/fc1.bias", test_support::make_tensor(at::kFloat, {8}, 2));
+    state.insert("optimizer/step", test_support::make_tensor(at::kLong, {}, 3));
+    save(snap(), state);
+  }
+  fs::path root() const { return dir_.path() / "root"; }
+  fs::path snap() const { return root() / "snap"; }
+  TempDir dir_;
+};
+
+TEST_F(Cli, ExportHfOneObjectAsBf16) {
+  const fs::path out = dir_.path() / "hf";
+  const ToolRun run = tsnap_cli("export --hf " + quoted(out) + " " + quoted(snap()) +
+                                " --object model --dtype bf16");
+  ASSERT_EQ(run.status, 0) << run.output;
+  EXPECT_TRUE(has(run.output, "2 tensors")) << run.output;
+  const fs::path file = out / "model.safetensors";
+  if (test_support::have_python()) {
+    const test_support::ReaderRun reader = test_support::run_reference_reader(file);
+    EXPECT_EQ(reader.status, 0) << reader.output;
+    EXPECT_TRUE(has(reader.output, "\"name\": \"fc1.weight\", \"dtype\": \"BF16\""))
+        << reader.output;
+  }
+  const format::Header h = format::read_header(file);
+  ASSERT_EQ(h.tensors.size(), 2u);
+  EXPECT_EQ(h.metadata.at("format"), "pt");
+
+  // Split into files: the index names every key.
+  const fs::path split = dir_.path() / "split";
+  const ToolRun many =
+      tsnap_cli("export --hf " + quoted(split) + " " + quoted(snap()) + " --max-shard-size 64");
+  ASSERT_EQ(many.status, 0) << many.output;
+  std::ifstream in(split / "model.safetensors.index.json");
+  const nlohmann::json index = nlohmann::json::parse(in);
+  EXPECT_EQ(index["weight_map"].size(), 3u);
+  EXPECT_EQ(index["metadata"]["total_size"], 8 * 4 * 4 + 8 * 4 + 8);
+
+  // An existing output is refused; a wrong dtype is a usage error.
+  EXPECT_EQ(tsnap_cli("export --hf " + quoted(out) + " " + quoted(snap())).status, 1);
+  EXPECT_EQ(tsnap_cli("export --hf " + quoted(out) + " " + quoted(snap()) + " --overwrite").status,
+            0);
+  EXPECT_EQ(tsnap_cli("export --hf x " + quoted(snap()) + " --dtype i8").status, 2);
+}
+
+TEST_F(Cli, LsOfASnapshotSaysItIsOne) {
+  const ToolRun run = tsnap_cli("ls " + quoted(snap()));
+  EXPECT_EQ(run.status, 0) << run.output;
+  EXPECT_TRUE(has(run.output, "is a snapshot")) << run.output;
+  EXPECT_TRUE(has(run.output, "committed")) << run.output;
+  EXPECT_FALSE(has(run.output, "no snapshots")) << run.output;
+}
+
+TEST_F(Cli, InspectOfARootSuggestsLs) {
+  const ToolRun run = tsnap_cli("inspect " + quoted(root()));
+  EXPECT_EQ(run.status, 1) << run.output;
+  EXPECT_TRUE(has(run.output, "tsnap ls " + root().string())) << run.output;
+}
+
+TEST_F(Cli, MissingKeySuggestsNearKeys) {
+  const ToolRun run = tsnap_cli("cat " + quoted(snap()) + " fc1.weight");
+  EXPECT_EQ(run.status, 1) << run.output;
+  EXPECT_TRUE(has(run.output, "model/fc1.weight")) << run.output;
+  const ToolRun typo = tsnap_cli("cat " + quoted(snap()) + " model/fc1.weigth");
+  EXPECT_EQ(typo.status, 1) << typo.output;
+  EXPECT_TRUE(has(typo.output, "model/fc1.weight")) << typo.output;
+}
+
+TEST_F(Cli, ControlCharactersInKeysAreEscaped) {
+  const fs::path odd = root() / "odd";
+  save(odd, StateDict{{"bad\nkey\x1b[31m", at::ones({2})}});
+  const ToolRun run = tsnap_cli("inspect " + quoted(odd));
+  EXPECT_EQ(run.status, 0) << run.output;
+  EXPECT_TRUE(has(run.output, "bad\\x0akey\\x1b[31m")) << run.output;
+  EXPECT_FALSE(has(run.output, "\x1b")) << run.output;
+}
+
+}  // namespace
+}  // namespace tsnap

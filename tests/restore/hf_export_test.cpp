@@ -1,0 +1,157 @@
+// tsnap::export_hf: the Hugging Face layout read back with the independent reference reader
+// (tests/format/safetensors_reader.py) and byte for byte against tsnap::load: one file, several
+// files plus the index, one object of a checkpoint, a dtype conversion, an existing output.
+
+#include "tsnap/hf_export.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "format/safetensors.h"
+#include "support/test_util.h"
+#include "tsnap/load.h"
+#include "tsnap/save.h"
+
+namespace tsnap {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using test_support::bitwise_equal;
+using test_support::TempDir;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Every tensor of a safetensors file (parsed with tsnap's own reader of the format) plus its
+// `__metadata__`; the reference reader must accept the file too, with tsnap's layout rules.
+StateDict read_file(const fs::path& path, std::map<std::string, std::string>* metadata) {
+  if (test_support::have_python()) {
+    const test_support::ReaderRun run = test_support::run_reference_reader(path);
+    EXPECT_EQ(run.status, 0) << path << ": " << run.output;
+  }
+  const format::Header h = format::read_header(path);
+  if (metadata != nullptr) *metadata = h.metadata;
+  const std::string bytes = slurp(path);
+  StateDict out;
+  for (const format::HeaderTensor& t : h.tensors) {
+    at::Tensor v = at::empty(t.shape, at::TensorOptions().dtype(t.dtype));
+    std::memcpy(v.data_ptr(), bytes.data() + h.data_offset + t.begin, t.end - t.begin);
+    out.insert(t.name, v);
+  }
+  return out;
+}
+
+void expect_same(const StateDict& a, const StateDict& b) {
+  ASSERT_EQ(a.keys(), b.keys());
+  for (const auto& [key, e] : a) EXPECT_TRUE(bitwise_equal(e.tensor, b.at(key))) << key;
+}
+
+TEST(HfExport, OneFileHoldsEveryTensorBitForBit) {
+  TempDir dir;
+  const StateDict state = test_support::mixed_state(3);
+  save(dir / "snap", state);
+  const HfExportResult r = export_hf(dir / "snap", dir / "hf");
+  EXPECT_EQ(r.files, std::vector<std::string>{"model.safetensors"});
+  EXPECT_EQ(test_support::dir_entries(dir / "hf"), r.files);  // no index, no leftovers
+  EXPECT_EQ(r.tensors, state.size());
+  std::map<std::string, std::string> metadata;
+  expect_same(read_file(dir / "hf" / "model.safetensors", &metadata), load(dir / "snap"));
+  EXPECT_EQ(metadata, (std::map<std::string, std::string>{{"format", "pt"}}));
+  // Nothing but the output next to it: the temporary directory is gone.
+  EXPECT_EQ(test_support::dir_entries(dir.path()), (std::vector<std::string>{"hf", "snap"}));
+}
+
+TEST(HfExport, SplitsIntoFilesWithAnIndex) {
+  TempDir dir;
+  StateDict state;
+  for (int i = 0; i < 7; ++i) {
+    state.insert("layer" + std::to_string(i) + ".weight",
+                 test_support::make_tensor(at::kFloat, {10, 25}, i));  // 1000 bytes each
+  }
+  state.insert("step", test_support::make_tensor(at::kLong, {3}, 9));
+  save(dir / "snap", state);
+  const HfExportResult r = export_hf(dir / "snap", dir / "hf", {.max_shard_size = 2500});
+  const std::vector<std::string> shards = {
+      "model-00001-of-00004.safetensors", "model-00002-of-00004.safetensors",
+      "model-00003-of-00004.safetensors", "model-00004-of-00004.safetensors"};
+  std::vector<std::string> expected = shards;
+  expected.push_back("model.safetensors.index.json");
+  EXPECT_EQ(r.files, expected);
+  EXPECT_EQ(r.total_size, 7 * 1000 + 24u);
+
+  const json index = json::parse(slurp(dir / "hf" / "model.safetensors.index.json"));
+  EXPECT_EQ(index["metadata"]["total_size"], r.total_size);
+  ASSERT_EQ(index["weight_map"].size(), state.size());
+  StateDict all;
+  for (const std::string& f : shards) {
+    const StateDict part = read_file(dir / "hf" / f, nullptr);
+    EXPECT_LE(part.nbytes(), 2500u) << f;
+    for (const auto& [key, e] : part) {
+      EXPECT_EQ(index["weight_map"][key], f) << key;
+      all.insert(key, e.tensor);
+    }
+  }
+  expect_same(all, state);
+}
+
+TEST(HfExport, OneObjectOfACheckpointConvertedToBf16) {
+  TempDir dir;
+  StateDict state;
+  state.insert("model/fc1.weight", test_support::make_tensor(at::kFloat, {4, 6}, 1));
+  state.insert("model/fc1.bias", test_support::make_tensor(at::kDouble, {4}, 2));
+  state.insert("model/num_batches", test_support::make_tensor(at::kLong, {}, 3));
+  state.insert("optimizer/fc1.weight.exp_avg", test_support::make_tensor(at::kFloat, {4, 6}, 4));
+  save(dir / "snap", state);
+  const HfExportResult r =
+      export_hf(dir / "snap", dir / "hf", {.object = "model", .dtype = at::kBFloat16});
+  EXPECT_EQ(r.tensors, 3u);
+  const StateDict out = read_file(dir / "hf" / "model.safetensors", nullptr);
+  ASSERT_EQ(out.keys(), (std::vector<std::string>{"fc1.bias", "fc1.weight", "num_batches"}));
+  EXPECT_TRUE(bitwise_equal(out.at("fc1.weight"), state.at("model/fc1.weight").to(at::kBFloat16)));
+  EXPECT_TRUE(bitwise_equal(out.at("fc1.bias"), state.at("model/fc1.bias").to(at::kBFloat16)));
+  EXPECT_TRUE(bitwise_equal(out.at("num_batches"), state.at("model/num_batches")));  // kept
+
+  // An object that is not there names the objects there are; nothing is written.
+  try {
+    export_hf(dir / "snap", dir / "none", {.object = "modle"});
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kKeyNotFound);
+    EXPECT_NE(std::string(e.what()).find("its objects: model, optimizer"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir / "none"));
+  EXPECT_THROW(export_hf(dir / "snap", dir / "int", {.dtype = at::kLong}), InvalidArgument);
+}
+
+TEST(HfExport, RefusesAnExistingOutputUnlessOverwrite) {
+  TempDir dir;
+  save(dir / "a", StateDict{{"w", at::ones({3})}});
+  save(dir / "b", StateDict{{"v", at::zeros({2})}});
+  export_hf(dir / "a", dir / "hf");
+  try {
+    export_hf(dir / "b", dir / "hf");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kAlreadyExists);
+  }
+  EXPECT_EQ(read_file(dir / "hf" / "model.safetensors", nullptr).keys(),
+            std::vector<std::string>{"w"});
+  export_hf(dir / "b", dir / "hf", {.overwrite = true});
+  EXPECT_EQ(read_file(dir / "hf" / "model.safetensors", nullptr).keys(),
+            std::vector<std::string>{"v"});
+  EXPECT_EQ(test_support::dir_entries(dir.path()), (std::vector<std::string>{"a", "b", "hf"}));
+}
+
+}  // namespace
+}  // namespace tsnap
