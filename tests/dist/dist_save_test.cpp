@@ -393,7 +393,7 @@ TEST(DistPeriodic, SignalOnOneRankStopsAllAfterOneFinalSnapshotAndTheyResumeAlik
   EXPECT_EQ(sig, SIGUSR1) << ranks.texts[0];
   EXPECT_EQ(failed, 0) << ranks.texts[0];
   EXPECT_GT(stop, 30);
-  EXPECT_LT(stop, 120) << "the signal's snapshot came too late";
+  EXPECT_LT(stop, 200) << "the signal's snapshot came too late (lead: 0.5 s of 5 ms steps)";
   const fs::path root = dir / "root";
   const auto newest = latest(root);
   ASSERT_TRUE(newest.has_value());
