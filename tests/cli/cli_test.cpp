@@ -14,6 +14,7 @@
 
 #include "format/safetensors.h"
 #include "support/test_util.h"
+#include "support/tool_run.h"
 #include "tsnap/load.h"
 #include "tsnap/save.h"
 
@@ -22,24 +23,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using test_support::TempDir;
-
-struct ToolRun {
-  int status = -1;     // exit status
-  std::string output;  // stdout and stderr
-};
-
-ToolRun tsnap_cli(const std::string& args) {
-  ToolRun run;
-#ifdef TSNAP_CLI_PATH
-  FILE* p = ::popen((std::string(TSNAP_CLI_PATH) + " " + args + " 2>&1").c_str(), "r");
-  if (p == nullptr) return run;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) run.output.append(buf, n);
-  const int status = ::pclose(p);
-  run.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-#endif
-  return run;
-}
+using test_support::ToolRun;
+using test_support::tsnap_cli;
 
 bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;

@@ -12,6 +12,7 @@
 
 #include "dist/run_ranks.h"
 #include "support/test_util.h"
+#include "support/tool_run.h"
 #include "tsnap/load.h"
 #include "tsnap/manifest.h"
 #include "tsnap/save.h"
@@ -22,27 +23,8 @@ namespace {
 namespace fs = std::filesystem;
 using test_support::bitwise_equal;
 using test_support::TempDir;
-
-struct ToolRun {
-  int status = -1;     // exit status
-  std::string output;  // stdout and stderr
-};
-
-// Runs the tool with `args` (shell words).
-ToolRun tsnap_cli(const std::string& args) {
-#ifndef TSNAP_CLI_PATH
-  return {};
-#else
-  ToolRun run;
-  FILE* p = ::popen((std::string(TSNAP_CLI_PATH) + " " + args + " 2>&1").c_str(), "r");
-  if (p == nullptr) return run;
-  char buf[4096];
-  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) run.output.append(buf, n);
-  const int status = ::pclose(p);
-  run.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
-#endif
-}
+using test_support::ToolRun;
+using test_support::tsnap_cli;
 
 bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
