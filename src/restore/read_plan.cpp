@@ -49,15 +49,16 @@ ReadPlan plan_reads(const Manifest& manifest, const std::vector<Target>& targets
                       t.file + ", not a multiple of its element size " + std::to_string(elem) +
                       ", so it cannot be converted chunk by chunk");
     }
-    auto [it, inserted] = file_index.emplace(t.file, plan.files.size());
+    const auto [it, inserted] = file_index.emplace(t.file, plan.files.size());
     if (inserted) plan.files.push_back(manifest.find_file(t.file));
-    const uint64_t cb = plan.files[it->second]->chunk_bytes;
+    const size_t file = it->second;  // a lambda may not capture a structured binding (C++17)
+    const uint64_t cb = plan.files[file]->chunk_bytes;
     // Bytes [begin, end) of the file go to stored-dtype byte `dest` of the target's data.
     const auto add = [&](uint64_t begin, uint64_t end, uint64_t dest) {
       for (uint64_t c = begin / cb; c <= (end - 1) / cb; ++c) {
         const uint64_t lo = std::max(begin, c * cb);
         const uint64_t hi = std::min(end, (c + 1) * cb);
-        by_chunk[{it->second, c}].push_back({i, lo - c * cb, dest + (lo - begin), hi - lo});
+        by_chunk[{file, c}].push_back({i, lo - c * cb, dest + (lo - begin), hi - lo});
       }
     };
     if (targets[i].runs.empty()) {
