@@ -45,7 +45,9 @@ StateDict read_file(const fs::path& path, std::map<std::string, std::string>* me
   StateDict out;
   for (const format::HeaderTensor& t : h.tensors) {
     at::Tensor v = at::empty(t.shape, at::TensorOptions().dtype(t.dtype));
-    std::memcpy(v.data_ptr(), bytes.data() + h.data_offset + t.begin, t.end - t.begin);
+    if (t.end > t.begin) {  // an empty tensor's data_ptr may be null
+      std::memcpy(v.data_ptr(), bytes.data() + h.data_offset + t.begin, t.end - t.begin);
+    }
     out.insert(t.name, v);
   }
   return out;
