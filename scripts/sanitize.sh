@@ -21,7 +21,7 @@ case "$mode" in
              tsnap_policy_tests)
     # The packaging consumer is built without sanitizers; the tool (and so its tests, `cli`)
     # is not built here.
-    tests=(-L unit -E '^(packaging|cli)$')
+    tests=(-L unit -E '^(packaging[.]|cli$)')
     ;;
   tsan)
     sanitize=thread
