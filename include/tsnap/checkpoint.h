@@ -1,19 +1,22 @@
 #pragma once
 /// \file
-/// `tsnap::Checkpoint`: several objects (models, optimizers, random generators, tensors) and
-/// metadata, as one flat StateDict with keys `<object>/<key>`. Creating, saving, loading and
+/// `tsnap::Checkpoint`: several objects (models, optimizers, LR schedulers, random generators,
+/// tensors, your own Stateful objects) and metadata, as one flat StateDict with keys `<object>/<key>`. Creating, saving, loading and
 /// applying a checkpoint are separate steps, so its contents can be inspected and edited between
 /// them:
 /// ```
 /// auto ckpt = tsnap::Checkpoint::of({{"model", model}, {"optim", tsnap::bind(opt, model)},
-///                                    {"rng", tsnap::rng_state()}}, {{"epoch", 3}});
+///                                    {"sched", scheduler}, {"rng", tsnap::rng_state()}},
+///                                   {{"epoch", 3}});
 /// tsnap::save(path, ckpt);
 /// auto loaded = tsnap::load_checkpoint(path);
-/// loaded.apply({{"model", model}, {"optim", tsnap::bind(opt, model)}, {"rng",
-/// tsnap::rng_state()}}); int epoch = loaded.metadata()["epoch"];
+/// loaded.apply({{"model", model}, {"optim", tsnap::bind(opt, model)}, {"sched", scheduler},
+///               {"rng", tsnap::rng_state()}});
+/// int epoch = loaded.metadata()["epoch"];
 /// ```
 
 #include <filesystem>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <type_traits>
@@ -28,6 +31,7 @@
 #include "tsnap/rng_state.h"
 #include "tsnap/save.h"
 #include "tsnap/state_dict.h"
+#include "tsnap/stateful.h"
 
 namespace tsnap {
 
@@ -57,15 +61,26 @@ class TSNAP_API Checkpoint {
     Object(RngState rng) : kind_(Kind::kRng), tensors_(std::move(rng.generators)) {}
     /// Any tensors: saved as they are, copied into in place by `apply`.
     Object(StateDict tensors) : kind_(Kind::kTensors), tensors_(std::move(tensors)) {}
+    /// A Stateful object, by reference.
+    Object(Stateful& object)
+        : kind_(Kind::kStateful), stateful_(std::shared_ptr<Stateful>(), &object) {}
+    /// A Stateful object, shared (e.g. `std::make_shared<DataPosition>()`).
+    template <class T, std::enable_if_t<std::is_base_of_v<Stateful, T>, int> = 0>
+    Object(std::shared_ptr<T> object) : kind_(Kind::kStateful), stateful_(std::move(object)) {}
+    /// A LibTorch LR scheduler (`StepLR`, ...), as SchedulerState: save and apply it with its
+    /// optimizer, which holds the learning rates.
+    Object(torch::optim::LRScheduler& scheduler)
+        : kind_(Kind::kStateful), stateful_(std::make_shared<SchedulerState>(scheduler)) {}
 
    private:
     friend class Checkpoint;
-    enum class Kind { kModule, kJitModule, kOptimizer, kRng, kTensors };
+    enum class Kind { kModule, kJitModule, kOptimizer, kRng, kTensors, kStateful };
     Kind kind_;
     const torch::nn::Module* module_ = nullptr;
     const torch::jit::Module* jit_ = nullptr;
     OptimizerBinding optimizer_;
     StateDict tensors_;
+    std::shared_ptr<Stateful> stateful_;
   };
   /// Objects by name; a name is non-empty, unique and has no '/'.
   using Objects = std::vector<std::pair<std::string, Object>>;
@@ -75,9 +90,11 @@ class TSNAP_API Checkpoint {
 
   /// The state of `objects` now (models and optimizers by reference, generators by value) with
   /// the user's `metadata` (a JSON object). tsnap's info records the tsnap, LibTorch and format
-  /// versions, the creation time, each object's kind and each optimizer's hyper-parameters.
-  /// Errors: InvalidArgument for a bad or repeated name or non-object metadata; those of
-  /// model_state and optimizer_state (Error(kUnsupported) for an unsupported optimizer).
+  /// versions, the creation time, each object's kind, each optimizer's hyper-parameters and each
+  /// Stateful object's values. Errors: InvalidArgument for a bad or repeated name, non-object
+  /// metadata or a Stateful whose values are not a JSON object; those of model_state,
+  /// optimizer_state (Error(kUnsupported) for an unsupported optimizer) and of the Stateful
+  /// objects' `state_dict()`.
   static Checkpoint of(const Objects& objects, nlohmann::json metadata = nlohmann::json::object());
 
   /// A checkpoint from a loaded state and the metadata it was saved with (`saved_metadata()`):
@@ -92,7 +109,8 @@ class TSNAP_API Checkpoint {
   nlohmann::json& metadata() { return metadata_; }
   const nlohmann::json& metadata() const { return metadata_; }
   /// tsnap's record: `{"tsnap_version", "torch_version", "format_version", "created",
-  /// "created_unix_ns", "objects": {name: {"kind": ..., optimizer config}}}`.
+  /// "created_unix_ns", "objects": {name: {"kind": ..., optimizer config, "values": ...}}}`
+  /// ("values": a Stateful object's, editable through `object(name)`).
   const nlohmann::json& info() const { return info_; }
 
   /// The metadata a save writes: the user's metadata plus `info()` under kCheckpointInfoKey.
@@ -100,17 +118,27 @@ class TSNAP_API Checkpoint {
   nlohmann::json saved_metadata() const;
   /// The entries of object `name` with the `<name>/` prefix removed (empty if none).
   StateDict object_state(const std::string& name) const;
+  /// Object `name` as a Stateful object would get it in `apply`: its entries (prefix removed)
+  /// and its values (an empty object if it has none).
+  StatefulState object(const std::string& name) const;
 
   /// Copies the state of each of `objects` (found under its name) into it: models in place
   /// (`apply_model_state`), optimizers with their hyper-parameters (`apply_optimizer_state`),
-  /// random generators restored (`set_rng_state`), tensors copied into in place. Keys of objects
-  /// not named here are left alone (they are neither applied nor unexpected). Strict: every
-  /// object is checked before anything changes, and one error lists all problems.
-  /// Errors: InvalidArgument for bad names; InvalidArgument (kKeyNotFound, kShapeMismatch)
-  /// under strict. Not thread-safe with respect to other users of the objects.
+  /// random generators restored (`set_rng_state`), tensors copied into in place, Stateful objects
+  /// (and schedulers) through `load_state_dict`. Keys of objects not named here are left alone
+  /// (they are neither applied nor unexpected). Strict: every object is checked before anything
+  /// changes, and one error lists all problems; a Stateful object the checkpoint does not hold
+  /// (saved without it) is reported missing as `<name>/`. Stateful objects are loaded first, in
+  /// the order given, before any tensor changes: if one throws, no model, optimizer or tensor
+  /// has changed. Errors: InvalidArgument for bad names; InvalidArgument (kKeyNotFound,
+  /// kShapeMismatch) under strict; what a Stateful's `load_state_dict` throws. Not thread-safe
+  /// with respect to other users of the objects.
   ApplyReport apply(const Objects& objects, const ApplyOptions& options = {}) const;
 
  private:
+  /// Whether the checkpoint was saved with object `name`: it has entries or a record of it.
+  bool holds(const std::string& name) const;
+
   StateDict state_;
   nlohmann::json metadata_ = nlohmann::json::object();
   nlohmann::json info_ = nlohmann::json::object();

@@ -23,3 +23,4 @@
 #include "tsnap/schedule.h"
 #include "tsnap/snapshotter.h"
 #include "tsnap/state_dict.h"
+#include "tsnap/stateful.h"

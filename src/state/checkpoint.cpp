@@ -97,6 +97,18 @@ Checkpoint Checkpoint::of(const Objects& objects, json metadata) {
         state = object.tensors_;
         record = {{"kind", "tensors"}};
         break;
+      case Object::Kind::kStateful: {
+        StatefulState stateful = object.stateful_->state_dict();
+        if (!stateful.values.is_object()) {
+          throw_error(ErrorCode::kInvalidArgument,
+                      "checkpoint object '" + name +
+                          "': Stateful::state_dict() values must be a JSON object, not " +
+                          stateful.values.type_name());
+        }
+        state = std::move(stateful.tensors);
+        record = {{"kind", "stateful"}, {"values", std::move(stateful.values)}};
+        break;
+      }
     }
     for (auto& [key, entry] : state) {
       checkpoint.state_.insert(name + "/" + key, entry.tensor, entry.dtype, entry.shard);
@@ -143,9 +155,47 @@ StateDict Checkpoint::object_state(const std::string& name) const {
   return out;
 }
 
+StatefulState Checkpoint::object(const std::string& name) const {
+  StatefulState out;
+  out.tensors = object_state(name);
+  auto objects_info = info_.find("objects");
+  if (objects_info != info_.end() && objects_info->is_object()) {
+    auto record = objects_info->find(name);
+    if (record != objects_info->end() && record->is_object()) {
+      auto values = record->find("values");
+      if (values != record->end() && values->is_object()) out.values = *values;
+    }
+  }
+  return out;
+}
+
+bool Checkpoint::holds(const std::string& name) const {
+  auto objects_info = info_.find("objects");
+  if (objects_info != info_.end() && objects_info->is_object() && objects_info->contains(name)) {
+    return true;
+  }
+  const std::string prefix = name + "/";
+  for (const auto& [key, entry] : state_) {
+    if (key.compare(0, prefix.size(), prefix) == 0) return true;
+  }
+  return false;
+}
+
 ApplyReport Checkpoint::apply(const Objects& objects, const ApplyOptions& options) const {
   check_names(objects);
   detail::ApplyPlan plan;
+  // Stateful objects load first (queued before any tensor copy), so that an exception from one
+  // leaves every model, optimizer and tensor as it was.
+  for (const auto& [name, object] : objects) {
+    if (object.kind_ != Object::Kind::kStateful) continue;
+    if (!holds(name)) {
+      plan.missing(name + "/");
+      continue;
+    }
+    plan.then(name + "/", [stateful = object.stateful_, state = this->object(name)] {
+      stateful->load_state_dict(state);
+    });
+  }
   for (const auto& [name, object] : objects) {
     const StateDict state = object_state(name);
     const std::string prefix = name + "/";
@@ -176,6 +226,8 @@ ApplyReport Checkpoint::apply(const Objects& objects, const ApplyOptions& option
         detail::plan_tensors(destinations, state, prefix, plan);
         break;
       }
+      case Object::Kind::kStateful:
+        break;  // Queued above.
     }
   }
   return plan.finish(options.strict, "Checkpoint::apply");
