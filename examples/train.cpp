@@ -135,6 +135,8 @@ int child_run(const Args& args) {
   torch::set_num_threads(args.threads);
   Transformer model;
   torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-3));
+  // The learning rate halves every 60 steps: a resume must restore the scheduler's position too.
+  torch::optim::StepLR scheduler(optimizer, /*step_size=*/60, /*gamma=*/0.5);
 
   std::ostringstream out;
   std::vector<std::string> log;
@@ -158,12 +160,14 @@ int child_run(const Args& args) {
         [&] {
           return tsnap::Checkpoint::of({{"model", model},
                                         {"optim", tsnap::bind(optimizer, model)},
+                                        {"sched", scheduler},
                                         {"rng", tsnap::rng_state()}});
         },
         periodic);
     step = hook->resume([&](tsnap::Checkpoint& c) {
       c.apply({{"model", model},
                {"optim", tsnap::bind(optimizer, model)},
+               {"sched", scheduler},
                {"rng", tsnap::rng_state()}});
     });
     if (step > 0) out << "resumed " << step << "\n";
@@ -172,6 +176,7 @@ int child_run(const Args& args) {
   while (step < args.steps) {
     const Clock::time_point began = Clock::now();
     const float loss = train_step(model, optimizer);
+    scheduler.step();
     ++step;
     if (hook) hook->after_step(step);
     const double seconds = std::chrono::duration<double>(Clock::now() - began).count();
@@ -348,10 +353,10 @@ int demo(const Args& args) {
   fs::create_directories(dir);
 
   std::printf("tsnap training demo: a %" PRId64 "-layer transformer (d_model %" PRId64 ", %" PRId64
-              " heads), AdamW, synthetic batches of %" PRId64 "x%" PRId64 " tokens, %" PRId64
+              " heads), AdamW + StepLR, synthetic batches of %" PRId64 "x%" PRId64 " tokens, %" PRId64
               " steps, %d LibTorch thread(s)\n",
               kLayers, kWidth, kHeads, kBatch, kSeq, args.steps, args.threads);
-  std::printf("snapshots of model + optimizer + RNG every %" PRId64
+  std::printf("snapshots of model + optimizer + LR scheduler + RNG every %" PRId64
               " steps (keep the last 2 and every %" PRId64 "th step) under %s\n\n",
               args.every, 4 * args.every, dir.c_str());
 
@@ -464,7 +469,7 @@ int demo(const Args& args) {
   std::printf("\nsummary\n");
   std::printf("  %-50s %s\n", "model parameters",
               base.info.count("params") ? base.info.at("params").c_str() : "?");
-  std::printf("  %-50s %.1f MB\n", "snapshot size (model + AdamW state + RNG)", bytes / 1e6);
+  std::printf("  %-50s %.1f MB\n", "snapshot size (model + AdamW + StepLR + RNG)", bytes / 1e6);
   const std::string best = args.repeat > 1 ? ", best of " + std::to_string(args.repeat) : "";
   std::printf("  %-50s %.2f ms\n", ("mean step time, no snapshots (run 1" + best + ")").c_str(),
               mean1);

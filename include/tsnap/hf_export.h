@@ -31,6 +31,13 @@ struct TSNAP_API HfExportOptions {
   /// Replace an existing output directory (it is moved aside, the new one renamed in, and the
   /// old one removed). Otherwise an existing output is Error(kAlreadyExists).
   bool overwrite = false;
+  /// Hard-link the snapshot's shard files (each a standard safetensors file) as the output
+  /// files instead of writing new ones, when they can serve as they are: no `object`, no
+  /// `dtype` change, no key stored as pieces, and every shard's data within `max_shard_size`.
+  /// The snapshot is verified first (every chunk's hash). Linked files take no extra space and
+  /// survive the snapshot's deletion; like the snapshot's, they must never be modified in
+  /// place. Where links are refused (another filesystem, EPERM), the export writes copies.
+  bool link = true;
 };
 
 /// What export_hf wrote.
@@ -38,6 +45,7 @@ struct TSNAP_API HfExportResult {
   std::vector<std::string> files;  ///< Names of the files in the output directory, in order.
   uint64_t total_size = 0;         ///< Bytes of tensor data (the index's metadata.total_size).
   size_t tensors = 0;              ///< Number of tensors written.
+  bool linked = false;             ///< Whether the files are hard links to the snapshot's.
 };
 
 /// Writes the tensors of the snapshot at `snapshot` into a new directory `out` in the Hugging
@@ -46,7 +54,8 @@ struct TSNAP_API HfExportResult {
 /// (`{"metadata": {"total_size": N}, "weight_map": {key: file}}`). Each file's header carries
 /// `{"__metadata__": {"format": "pt"}}`. Keys are split over files in key order. The snapshot
 /// is read with tsnap::load (every chunk verified, distributed pieces assembled) and held in
-/// memory once. The files are written into a temporary directory next to `out`
+/// memory once; or, where `link` allows, its shard files are verified and hard-linked, keeping
+/// tsnap's split (and its `__metadata__`, which also has "format": "pt"). The files are written into a temporary directory next to `out`
 /// (".<out name>.hf-tmp-<id>"), each fsynced, and the directory is renamed to `out` at the end,
 /// so `out` never exists half-written.
 /// Errors: those of tsnap::load; Error(kAlreadyExists) when `out` exists and not overwrite;

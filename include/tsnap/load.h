@@ -18,6 +18,7 @@
 #include "tsnap/error.h"
 #include "tsnap/export.h"
 #include "tsnap/manifest.h"
+#include "tsnap/progress.h"
 #include "tsnap/state_dict.h"
 
 namespace tsnap {
@@ -52,6 +53,8 @@ struct TSNAP_API LoadOptions {
   /// cache already (cached files are read through the cache, which is faster).
   bool direct_io = true;
   int io_threads = 4;  ///< Threads of the pread engine.
+  /// Called as chunks are read and verified (see ProgressFn). Null: no calls.
+  ProgressFn progress;
 };
 
 /// Loads a snapshot into new CPU tensors in their stored dtype, bit-identical to what was

@@ -28,6 +28,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,10 @@ struct TSNAP_API SnapshotRecord {
   std::vector<std::string> deleted;  ///< Snapshots retention deleted after this one committed.
 };
 
+/// A SnapshotRecord as a JSON object: "step", "name", "reason", "blocked_s", "committed",
+/// "error", "deleted" and "save" (the SaveStats, see to_json(SaveStats)).
+TSNAP_API void to_json(nlohmann::json& out, const SnapshotRecord& record);
+
 /// The figures of a hook so far. Value type.
 struct TSNAP_API PeriodicStats {
   std::vector<SnapshotRecord> snapshots;  ///< In order of completion.
@@ -89,6 +94,10 @@ struct TSNAP_API PeriodicOptions {
   /// Calls never overlap; they come from the training thread or the hook's thread, and must not
   /// call back into the hook. Null: no log. Default: `log_to_stderr`.
   std::function<void(const std::string&)> log = log_to_stderr;
+  /// Receives each snapshot's record once it has committed or failed (and retention ran), for
+  /// a training logger (`nlohmann::json j = record;`). Same threads and rules as `log`; an
+  /// exception it throws is swallowed. Null: no calls.
+  std::function<void(const SnapshotRecord&)> on_snapshot;
 
   /// Writes `line` and a newline to stderr.
   static void log_to_stderr(const std::string& line);

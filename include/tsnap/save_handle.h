@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 
 #include "tsnap/export.h"
@@ -44,6 +45,10 @@ struct TSNAP_API SaveStats {
   /// bytes / total_s in GB/s (1e9 bytes), 0 before completion.
   double throughput_gbps() const { return total_s > 0 ? bytes / total_s / 1e9 : 0; }
 };
+
+/// SaveStats as a JSON object with the fields' names (`nlohmann::json j = stats;`), plus
+/// "throughput_gbps": one structured record per save for a training logger.
+TSNAP_API void to_json(nlohmann::json& out, const SaveStats& stats);
 
 /// The handle of a save in flight. Copyable (shared state); all methods are thread-safe.
 /// Dropping every copy does not cancel the save: the Snapshotter finishes it.

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "tsnap/export.h"
+#include "tsnap/progress.h"
 
 namespace tsnap {
 
@@ -34,6 +35,9 @@ struct TSNAP_API SaveOptions {
   int num_shards = 0;
   /// Chunk size in bytes (multiple of 4096); 0 takes the Snapshotter's.
   uint64_t chunk_bytes = 0;
+  /// Called as chunks are staged and written (see ProgressFn); a save does not complete before
+  /// its last call has returned. Null: no calls.
+  ProgressFn progress;
 };
 
 }  // namespace tsnap

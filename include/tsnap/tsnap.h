@@ -14,6 +14,7 @@
 #include "tsnap/model_state.h"
 #include "tsnap/optimizer_state.h"
 #include "tsnap/periodic_snapshots.h"
+#include "tsnap/progress.h"
 #include "tsnap/reader.h"
 #include "tsnap/remove.h"
 #include "tsnap/rng_state.h"

@@ -25,6 +25,7 @@ struct ExportOptions {
   std::string dtype;
   uint64_t max_shard_size = HfExportOptions{}.max_shard_size;
   bool overwrite = false;
+  bool copy = false;
 };
 
 int run_export(const ExportOptions& o) {
@@ -32,6 +33,7 @@ int run_export(const ExportOptions& o) {
   options.object = o.object;
   options.max_shard_size = o.max_shard_size;
   options.overwrite = o.overwrite;
+  options.link = !o.copy;
   if (!o.dtype.empty()) {
     static const std::map<std::string, at::ScalarType> kDtypes = {
         {"bf16", at::kBFloat16}, {"f16", at::kHalf}, {"f32", at::kFloat}};
@@ -41,7 +43,8 @@ int run_export(const ExportOptions& o) {
   std::cout << "exported " << o.snapshot.string()
             << (o.object.empty() ? "" : " (object '" + o.object + "')") << " to " << o.hf.string()
             << ": " << count_of(r.tensors, "tensor", "tensors") << ", " << human_bytes(r.total_size)
-            << " in " << count_of(r.files.size(), "file", "files") << '\n';
+            << " in " << count_of(r.files.size(), "file", "files")
+            << (r.linked ? " (hard links to the snapshot's verified shards)" : "") << '\n';
   for (const std::string& f : r.files) std::cout << "  " << f << '\n';
   return kExitOk;
 }
@@ -58,7 +61,10 @@ Command add_export(CLI::App& app) {
       "exports only the keys of checkpoint object NAME ('NAME/fc1.weight' is written as "
       "'fc1.weight'); --dtype converts floating tensors (integer and bool ones are kept). Every "
       "chunk read is verified; the state is held in memory once; OUT is written under a "
-      "temporary name and renamed when complete. Refuses an existing OUT unless --overwrite.");
+      "temporary name and renamed when complete. Refuses an existing OUT unless --overwrite. "
+      "Without --object or a dtype change, a single-process snapshot's shard files (each a "
+      "standard safetensors file) are verified and hard-linked into OUT, taking no space, "
+      "unless --copy or another filesystem asks for copies.");
   sub->add_option("--hf", options->hf, "Output directory (Hugging Face layout)")
       ->required()
       ->type_name("OUT");
@@ -74,6 +80,7 @@ Command add_export(CLI::App& app) {
       ->type_name("BYTES")
       ->check(CLI::PositiveNumber);
   sub->add_flag("--overwrite", options->overwrite, "Replace OUT if it exists");
+  sub->add_flag("--copy", options->copy, "Write new files even where hard links would do");
   return {sub, [options] { return run_export(*options); }};
 }
 

@@ -115,6 +115,7 @@ nlohmann::json to_json(const fs::path& path, const Manifest& m) {
   out["path"] = path.string();
   out["tensor_bytes"] = tensor_bytes(m);
   out["total_bytes"] = m.total_bytes();
+  out["manifest_bytes"] = manifest_bytes(path);
   out["keys"] = std::move(keys);
   out["tensors"] = std::move(tensors);
   out["files"] = std::move(files);
@@ -138,7 +139,8 @@ void print_text(const fs::path& path, const Manifest& m) {
     std::cout << "keys:        " << keys.size() << " (" << keys.size() - sharded << " "
               << (m.world_size > 1 ? "replicated" : "whole") << ", " << sharded << " sharded)\n";
   }
-  std::cout << "files:       " << m.files.size() << " (" << human_bytes(m.total_bytes()) << ")\n"
+  std::cout << "files:       " << m.files.size() << " shards (" << human_bytes(m.total_bytes())
+            << ") + " << kManifestName << " (" << human_bytes(manifest_bytes(path)) << ")\n"
             << "metadata:    " << m.metadata.dump(2) << "\n\n";
 
   if (m.world_size > 1) {

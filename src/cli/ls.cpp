@@ -48,8 +48,10 @@ uint64_t disk_bytes(const fs::path& dir) {
   return total;
 }
 
+// A snapshot's bytes: its shard files and its manifest (what `du` would count, less blocks).
 uint64_t size_of(const Listed& entry) {
-  return entry.manifest ? entry.manifest->total_bytes() : disk_bytes(entry.path);
+  if (!entry.manifest) return disk_bytes(entry.path);
+  return entry.manifest->total_bytes() + manifest_bytes(entry.path);
 }
 
 nlohmann::json to_json(const Listed& entry) {
@@ -120,8 +122,8 @@ Command add_ls(CLI::App& app) {
   sub->footer(
       "List every snapshot directory under ROOT, oldest first: committed snapshots, temporary "
       "directories of unfinished saves, and directories whose manifest is missing or corrupt. "
-      "TENSORS counts records (a key stored as pieces has one per piece); RANKS is the world "
-      "size of the save that wrote it.");
+      "SIZE counts the shard files and the manifest. TENSORS counts records (a key stored as "
+      "pieces has one per piece); RANKS is the world size of the save that wrote it.");
   sub->add_option("ROOT", options->root, "Directory that holds the snapshots")
       ->required()
       ->type_name("DIR");

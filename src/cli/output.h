@@ -5,6 +5,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 
 #include "common/shape.h"
@@ -24,6 +25,9 @@ std::string local_time(int64_t unix_ns);
 std::string plain_message(const std::string& message);
 /// "1 file", "3 files".
 std::string count_of(uint64_t n, const std::string& singular, const std::string& plural);
+
+/// Size of the MANIFEST.json of `snapshot` (0 if it cannot be read).
+uint64_t manifest_bytes(const std::filesystem::path& snapshot);
 
 /// An aligned text table (common/text_table.h).
 using detail::Table;

@@ -1,5 +1,7 @@
 #include "tsnap/save_handle.h"
 
+#include <nlohmann/json.hpp>
+
 #include "pipeline/save_state.h"
 #include "tsnap/error.h"
 
@@ -94,6 +96,27 @@ std::exception_ptr SaveHandle::error() const {
   detail::SaveState& s = state_of(state_);
   std::lock_guard<std::mutex> lock(s.mu);
   return s.error;
+}
+
+
+void to_json(nlohmann::json& out, const SaveStats& s) {
+  out = {{"stall_s", s.stall_s},
+         {"stage_s", s.stage_s},
+         {"write_s", s.write_s},
+         {"commit_s", s.commit_s},
+         {"total_s", s.total_s},
+         {"coordinate_s", s.coordinate_s},
+         {"bytes", s.bytes},
+         {"tensor_bytes", s.tensor_bytes},
+         {"chunks", s.chunks},
+         {"files", s.files},
+         {"tensors", s.tensors},
+         {"buffer_waits", s.buffer_waits},
+         {"buffers_reused", s.buffers_reused},
+         {"engine", s.engine},
+         {"direct", s.direct},
+         {"leftover", s.leftover},
+         {"throughput_gbps", s.throughput_gbps()}};
 }
 
 }  // namespace tsnap

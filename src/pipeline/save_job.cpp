@@ -41,7 +41,7 @@ int64_t now_ns() {
 SaveJob::SaveJob(Resources& res, plan::Plan plan, CommitPaths paths, nlohmann::json metadata,
                  bool overwrite, std::shared_ptr<Coordinator> coordinator,
                  Clock::time_point started, std::function<void()> release_slot,
-                 std::function<void()> on_completed)
+                 std::function<void()> on_completed, ProgressFn progress)
     : res_(res),
       plan_(std::move(plan)),
       paths_(std::move(paths)),
@@ -51,7 +51,8 @@ SaveJob::SaveJob(Resources& res, plan::Plan plan, CommitPaths paths, nlohmann::j
       started_(started),
       release_slot_(std::move(release_slot)),
       on_completed_(std::move(on_completed)),
-      state_(std::make_shared<detail::SaveState>()) {
+      state_(std::make_shared<detail::SaveState>()),
+      progress_(std::move(progress), plan_.total_bytes) {
   state_->path = paths_.final;
   SaveStats& s = state_->stats;
   s.engine = res_.host->engine().name();
@@ -139,6 +140,7 @@ void SaveJob::stage_chunk(size_t index, const std::vector<stage::Sources>& sourc
     pool.release(buf);
     throw;  // tbb rethrows it on the staging thread, which fails the job
   }
+  progress_.staged(len);
   uint64_t write_len = len;
   if (res_.host->direct() && len % kBlock != 0) {
     // O_DIRECT writes whole blocks: zero the tail; the file is truncated to size at commit.
@@ -158,6 +160,7 @@ void SaveJob::stage_chunk(size_t index, const std::vector<stage::Sources>& sourc
           self->hashes_[ref.file][ref.chunk] = format::hash64(self->res_.pool->data(buf), len);
         }
         self->res_.pool->release(buf);
+        if (rc == 0) self->progress_.done(len);
         self->write_done(ref.file, offset, rc);
       });
 }

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/progress_meter.h"
 #include "pipeline/commit.h"
 #include "pipeline/coordinator.h"
 #include "pipeline/resources.h"
@@ -37,7 +38,8 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   /// coordinate()); without one it commits alone.
   SaveJob(Resources& res, plan::Plan plan, CommitPaths paths, nlohmann::json metadata,
           bool overwrite, std::shared_ptr<Coordinator> coordinator, Clock::time_point started,
-          std::function<void()> release_slot, std::function<void()> on_completed);
+          std::function<void()> release_slot, std::function<void()> on_completed,
+          ProgressFn progress = {});
 
   /// Creates the temporary directory and opens the shard files; throws on failure (nothing is
   /// left behind).
@@ -67,6 +69,7 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   std::function<void()> release_slot_;
   std::function<void()> on_completed_;
   std::shared_ptr<detail::SaveState> state_;
+  detail::ProgressMeter progress_;
 
   std::vector<int> fds_;
   std::vector<std::vector<uint64_t>> hashes_;  // per file, per chunk

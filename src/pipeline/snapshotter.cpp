@@ -229,7 +229,7 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
     job = std::make_shared<pipeline::SaveJob>(
         res, std::move(plan), std::move(paths),
         metadata.is_null() ? nlohmann::json::object() : metadata, options.overwrite, coordinator,
-        started, [this] { release_slot(); }, [this, name] { completed(name); });
+        started, [this] { release_slot(); }, [this, name] { completed(name); }, options.progress);
     job->open_files();
   } catch (...) {
     release_slot();

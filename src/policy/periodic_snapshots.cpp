@@ -76,6 +76,7 @@ struct PeriodicSnapshots::Impl {
   void restart_timer();
   void wait_processed();
   void log(const std::string& line);
+  void report(const SnapshotRecord& record);
 
   // Hook thread.
   void arm_timer(uint64_t epoch);
@@ -232,6 +233,16 @@ void PeriodicSnapshots::Impl::log(const std::string& line) {
   }
 }
 
+void PeriodicSnapshots::Impl::report(const SnapshotRecord& record) {
+  if (!options.on_snapshot) return;
+  std::lock_guard<std::mutex> lock(log_mu);
+  try {
+    options.on_snapshot(record);
+  } catch (...) {
+    // Like log: a logger's failure must not take the hook's thread down.
+  }
+}
+
 void PeriodicSnapshots::Impl::arm_timer(uint64_t epoch) {
   const auto period = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(schedule.options().every_seconds));
@@ -354,6 +365,7 @@ void PeriodicSnapshots::Impl::on_completed(SnapshotRecord record, const SaveHand
     }
   }
   const std::string line = policy::snapshot_line(record);
+  report(record);
   {
     std::lock_guard<std::mutex> lock(mu);
     stats.deleted += static_cast<int64_t>(record.deleted.size());

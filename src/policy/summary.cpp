@@ -2,6 +2,7 @@
 
 #include <cstdarg>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 
 namespace tsnap::policy {
 namespace {
@@ -61,3 +62,14 @@ std::string summary_line(const PeriodicStats& stats) {
 }
 
 }  // namespace tsnap::policy
+
+namespace tsnap {
+
+void to_json(nlohmann::json& out, const SnapshotRecord& r) {
+  out = {{"step", r.step},          {"name", r.name},
+         {"reason", to_string(r.reason)}, {"blocked_s", r.blocked_s},
+         {"committed", r.committed}, {"error", r.error},
+         {"deleted", r.deleted},    {"save", r.save}};
+}
+
+}  // namespace tsnap

@@ -8,6 +8,8 @@
 //   4. fsync the temporary directory, rename it to `out` (with overwrite: move the old `out`
 //      aside first, then remove it), fsync the parent.
 // Any failure removes the temporary directory; `out` is never seen half-written.
+// With `link` (and a snapshot whose shards serve as they are), steps 1 and 2 are: verify every
+// chunk, then hard-link each shard into the temporary directory under its Hugging Face name.
 
 #include "tsnap/hf_export.h"
 
@@ -99,6 +101,14 @@ void write_safetensors(const fs::path& path, const OutFile& file) {
   });
 }
 
+// "model.safetensors", or "model-0000i-of-0000N.safetensors" for file i of n (from 0).
+std::string hf_name(size_t i, size_t n) {
+  if (n == 1) return "model.safetensors";
+  char name[64];
+  std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+  return name;
+}
+
 // Splits the keys (in key order) into files of at most max_shard_size data bytes, as
 // transformers' save_pretrained does; a tensor larger than the limit gets a file of its own.
 // Within a file the tensors are ordered by element size (largest first), then name, so that
@@ -120,15 +130,7 @@ std::vector<OutFile> split(StateDict& state, uint64_t max_shard_size) {
       return a.second.element_size() > b.second.element_size();
     });
   }
-  if (files.size() == 1) {
-    files[0].name = "model.safetensors";
-  } else {
-    for (size_t i = 0; i < files.size(); ++i) {
-      char name[64];
-      std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", i + 1, files.size());
-      files[i].name = name;
-    }
-  }
+  for (size_t i = 0; i < files.size(); ++i) files[i].name = hf_name(i, files.size());
   return files;
 }
 
@@ -165,6 +167,104 @@ void check_object(const fs::path& snapshot, const std::string& object) {
           (objects.empty() ? "it has no keys of the form OBJECT/KEY" : "its objects: " + list));
 }
 
+// Whether the snapshot's shard files can be the export's files as they are: every key whole
+// and kept in its stored dtype, every file within max_shard_size.
+bool linkable(const Manifest& m, const HfExportOptions& options) {
+  if (!options.link || !options.object.empty()) return false;
+  for (const TensorRecord& t : m.tensors) {
+    if (t.shard) return false;
+    if (options.dtype && format::is_floating(t.dtype) && t.dtype != *options.dtype) return false;
+  }
+  for (const FileRecord& f : m.files) {
+    if (f.size - f.data_offset > options.max_shard_size) return false;
+  }
+  return !m.files.empty();
+}
+
+// Writes model.safetensors.index.json into `dir` (when there are several files).
+void write_index(const fs::path& dir, const std::map<std::string, std::string>& file_of,
+                 uint64_t total_size) {
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  for (const auto& [key, name] : file_of) weight_map[key] = name;  // key order, as save_pretrained
+  nlohmann::ordered_json index = {{"metadata", {{"total_size", total_size}}},
+                                  {"weight_map", weight_map}};
+  const std::string text = index.dump(2) + "\n";
+  const fs::path path = dir / "model.safetensors.index.json";
+  write_file(path, [&](int fd, uint64_t* offset) {
+    write_all(fd, text.data(), text.size(), path, offset);
+  });
+}
+
+// Hard-links the shards of `m` into `tmp` under their Hugging Face names. False (with nothing
+// left in `tmp`) when the filesystem refuses links; throws for other failures.
+bool link_shards(const fs::path& snapshot, const Manifest& m, const fs::path& tmp,
+                 HfExportResult& result) {
+  const size_t n = m.files.size();
+  std::map<std::string, std::string> name_of;
+  for (size_t i = 0; i < n; ++i) {
+    const std::string name = hf_name(i, n);
+    const fs::path from = snapshot / m.files[i].name;
+    if (::link(from.c_str(), (tmp / name).c_str()) != 0) {
+      const int err = errno;
+      if (err == EXDEV || err == EPERM || err == EMLINK || err == ENOTSUP) {
+        for (const std::string& linked : result.files) ::unlink((tmp / linked).c_str());
+        result = {};
+        return false;
+      }
+      detail::throw_sys_error(-err, "link " + from.string() + " to " + (tmp / name).string());
+    }
+    name_of[m.files[i].name] = name;
+    result.files.push_back(name);
+  }
+  std::map<std::string, std::string> file_of;
+  for (const TensorRecord& t : m.tensors) {
+    file_of[t.name] = name_of.at(t.file);
+    result.total_size += t.nbytes();
+  }
+  result.tensors = m.tensors.size();
+  if (n > 1) {
+    write_index(tmp, file_of, result.total_size);
+    result.files.push_back("model.safetensors.index.json");
+  }
+  result.linked = true;
+  return true;
+}
+
+// Steps 2-3 without links: loads the selected keys and writes them as new files into `tmp`.
+void write_copies(const fs::path& snapshot, const fs::path& tmp, const HfExportOptions& options,
+                  HfExportResult& result) {
+  LoadOptions load_options;
+  if (!options.object.empty()) load_options.key_prefix = options.object + "/";
+  StateDict state = load(snapshot, load_options);
+  prepare(state, snapshot, options);
+  const std::vector<OutFile> files = split(state, options.max_shard_size);
+  std::map<std::string, std::string> file_of;
+  for (const OutFile& f : files) {
+    write_safetensors(tmp / f.name, f);
+    result.files.push_back(f.name);
+    result.total_size += f.bytes;
+    result.tensors += f.tensors.size();
+    for (const auto& kt : f.tensors) file_of[kt.first] = f.name;
+  }
+  if (files.size() > 1) {
+    write_index(tmp, file_of, result.total_size);
+    result.files.push_back("model.safetensors.index.json");
+  }
+}
+
+// Throws kHashMismatch naming the first bad chunk of the snapshot, if any.
+void check_intact(const fs::path& snapshot) {
+  const std::vector<BadChunk> bad = verify(snapshot);
+  if (bad.empty()) return;
+  const BadChunk& b = bad.front();
+  throw_error(ErrorCode::kHashMismatch,
+              "snapshot " + snapshot.string() + " fails verification: " + b.file + " chunk " +
+                  std::to_string(b.chunk) + " at offset " + std::to_string(b.offset) + ": " +
+                  b.problem + (bad.size() > 1 ? " (and " + std::to_string(bad.size() - 1) +
+                                                    " more bad chunks)"
+                                              : ""));
+}
+
 }  // namespace
 
 HfExportResult export_hf(const fs::path& snapshot, const fs::path& out,
@@ -185,14 +285,10 @@ HfExportResult export_hf(const fs::path& snapshot, const fs::path& out,
                 target.string() + " already exists; pass overwrite to replace it");
   }
 
-  LoadOptions load_options;
-  if (!options.object.empty()) {
-    load_options.key_prefix = options.object + "/";
-    check_object(snapshot, options.object);
-  }
-  StateDict state = load(snapshot, load_options);
-  prepare(state, snapshot, options);
-  std::vector<OutFile> files = split(state, options.max_shard_size);
+  if (!options.object.empty()) check_object(snapshot, options.object);
+  const Manifest manifest = read_manifest(snapshot);
+  const bool link = linkable(manifest, options);
+  if (link) check_intact(snapshot);
 
   const std::string id = format::new_save_id();
   const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
@@ -203,27 +299,8 @@ HfExportResult export_hf(const fs::path& snapshot, const fs::path& out,
   }
   HfExportResult result;
   try {
-    nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
-    for (const OutFile& f : files) {
-      write_safetensors(tmp / f.name, f);
-      result.files.push_back(f.name);
-      result.total_size += f.bytes;
-      result.tensors += f.tensors.size();
-    }
-    if (files.size() > 1) {
-      std::map<std::string, std::string> file_of;  // key order, as save_pretrained's index
-      for (const OutFile& f : files) {
-        for (const auto& kt : f.tensors) file_of[kt.first] = f.name;
-      }
-      for (const auto& [key, name] : file_of) weight_map[key] = name;
-      nlohmann::ordered_json index = {{"metadata", {{"total_size", result.total_size}}},
-                                      {"weight_map", weight_map}};
-      const std::string text = index.dump(2) + "\n";
-      const fs::path path = tmp / "model.safetensors.index.json";
-      write_file(path, [&](int fd, uint64_t* offset) {
-        write_all(fd, text.data(), text.size(), path, offset);
-      });
-      result.files.push_back("model.safetensors.index.json");
+    if (!link || !link_shards(snapshot, manifest, tmp, result)) {
+      write_copies(snapshot, tmp, options, result);
     }
     fsync_dir(tmp);
     if (exists && ::rename(target.c_str(), old.c_str()) != 0) {

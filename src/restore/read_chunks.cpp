@@ -18,6 +18,7 @@
 #include <system_error>
 #include <thread>
 
+#include "common/progress_meter.h"
 #include "common/sys_error.h"
 #include "format/convert.h"
 #include "format/safetensors.h"
@@ -122,7 +123,8 @@ class Reads {
         engine_(engine),
         buffers_(buffers),
         options_(options),
-        written_(targets.size()) {}
+        written_(targets.size()),
+        progress_(options.progress, plan.bytes) {}
 
   // Submits the next chunk's read into buffer `buf`, unless none is left or the run stopped.
   void submit(int buf) {
@@ -166,6 +168,7 @@ class Reads {
           if (!options_.atomic) {
             scatter(plan_.chunks[d.job], buffers_.data(d.buf), targets_, written_);
           }
+          progress_.done(plan_.chunks[d.job].length, /*also_staged=*/true);
         } catch (...) {
           fail(d.job, std::current_exception());
         }
@@ -233,6 +236,7 @@ class Reads {
   const ReadBuffers& buffers_;
   const LoadOptions& options_;
   std::vector<std::atomic<uint64_t>> written_;
+  detail::ProgressMeter progress_;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -78,8 +78,13 @@ TEST_F(Cli, ExportHfOneObjectAsBf16) {
 
   // An existing output is refused; a wrong dtype is a usage error.
   EXPECT_EQ(tsnap_cli("export --hf " + quoted(out) + " " + quoted(snap())).status, 1);
-  EXPECT_EQ(tsnap_cli("export --hf " + quoted(out) + " " + quoted(snap()) + " --overwrite").status,
-            0);
+  const ToolRun linked = tsnap_cli("export --hf " + quoted(out) + " " + quoted(snap()) + " --overwrite");
+  EXPECT_EQ(linked.status, 0) << linked.output;
+  EXPECT_TRUE(has(linked.output, "hard links")) << linked.output;
+  const ToolRun copied =
+      tsnap_cli("export --hf " + quoted(out) + " " + quoted(snap()) + " --overwrite --copy");
+  EXPECT_EQ(copied.status, 0) << copied.output;
+  EXPECT_FALSE(has(copied.output, "hard links")) << copied.output;
   EXPECT_EQ(tsnap_cli("export --hf x " + quoted(snap()) + " --dtype i8").status, 2);
 }
 
@@ -89,6 +94,18 @@ TEST_F(Cli, LsOfASnapshotSaysItIsOne) {
   EXPECT_TRUE(has(run.output, "is a snapshot")) << run.output;
   EXPECT_TRUE(has(run.output, "committed")) << run.output;
   EXPECT_FALSE(has(run.output, "no snapshots")) << run.output;
+}
+
+TEST_F(Cli, SizesIncludeTheManifest) {
+  const ToolRun run = tsnap_cli("ls --json " + quoted(root()));
+  ASSERT_EQ(run.status, 0) << run.output;
+  const nlohmann::json list = nlohmann::json::parse(run.output);
+  ASSERT_EQ(list.size(), 1u);
+  uint64_t on_disk = 0;
+  for (const auto& e : fs::directory_iterator(snap())) on_disk += e.file_size();
+  EXPECT_EQ(list[0]["bytes"], on_disk);
+  const ToolRun inspect = tsnap_cli("inspect " + quoted(snap()));
+  EXPECT_TRUE(has(inspect.output, "+ MANIFEST.json (")) << inspect.output;
 }
 
 TEST_F(Cli, InspectOfARootSuggestsLs) {

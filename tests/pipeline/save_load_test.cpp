@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <mutex>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "format/safetensors.h"
@@ -40,6 +42,58 @@ TEST(SaveLoad, EveryDtypeAndAwkwardShapes) {
   EXPECT_FALSE(m.tsnap_version.empty());
   EXPECT_FALSE(m.torch_version.empty());
   EXPECT_EQ(m.world_size, 1);
+}
+
+// Progress calls never overlap, only grow, end at the total, and a save's last one comes before
+// it completes.
+struct ProgressLog {
+  std::mutex mu;
+  std::vector<Progress> calls;
+  bool overlapped = false;
+  bool busy = false;
+  ProgressFn fn() {
+    return [this](const Progress& p) {
+      if (busy) overlapped = true;
+      busy = true;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        calls.push_back(p);
+      }
+      busy = false;
+    };
+  }
+  void expect_complete(uint64_t total) {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_FALSE(overlapped);
+    ASSERT_GE(calls.size(), 2u);
+    for (size_t i = 1; i < calls.size(); ++i) {
+      EXPECT_GE(calls[i].done_bytes, calls[i - 1].done_bytes);
+      EXPECT_GE(calls[i].staged_bytes, calls[i - 1].staged_bytes);
+    }
+    for (const Progress& p : calls) {
+      EXPECT_EQ(p.total_bytes, total);
+      EXPECT_LE(p.done_bytes, p.staged_bytes);
+    }
+    EXPECT_EQ(calls.back().done_bytes, total);
+    EXPECT_EQ(calls.back().staged_bytes, total);
+  }
+};
+
+TEST(SaveLoad, ProgressReachesTheTotalOfSaveAndLoad) {
+  TempDir dir;
+  StateDict sd;
+  for (int i = 0; i < 6; ++i) sd.insert("w" + std::to_string(i), make_tensor(at::kFloat, {300000}, i));
+  ProgressLog saving;
+  const SaveStats stats = save(dir / "s", sd, {}, {.chunk_bytes = 1 << 20, .progress = saving.fn()});
+  uint64_t shard_bytes = 0;
+  for (const auto& f : read_manifest(dir / "s").files) shard_bytes += f.size;
+  saving.expect_complete(shard_bytes);
+  EXPECT_GE(saving.calls.size(), 2 * stats.chunks);  // staged and written, per chunk
+
+  ProgressLog loading;
+  const StateDict back = load(dir / "s", {.progress = loading.fn()});
+  loading.expect_complete(shard_bytes);
+  expect_same(sd, back);
 }
 
 TEST(SaveLoad, NonContiguousTensorsSaveTheirValues) {

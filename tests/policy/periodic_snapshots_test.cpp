@@ -9,7 +9,9 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
+#include <vector>
 
 #include "format/layout.h"
 #include "pipeline/commit.h"
@@ -46,9 +48,12 @@ TEST(PeriodicSnapshots, SavesEveryNStepsWithStepMetadata) {
   Snapshotter snap(test_support::small_options(dir.path()));
   StateDict sd = test_support::small_state(1);
   test_support::LogLines log;
+  std::vector<nlohmann::json> records;  // on_snapshot calls never overlap
   PeriodicSnapshots hook(snap, Schedule({.every_steps = 3}),
                          [&] { return test_support::checkpoint_of(sd); },
-                         {.when_busy = WhenBusy::kWait, .log = log.sink()});
+                         {.when_busy = WhenBusy::kWait,
+                          .log = log.sink(),
+                          .on_snapshot = [&](const SnapshotRecord& r) { records.push_back(r); }});
   for (int64_t step = 1; step <= 10; ++step) {
     sd.at("w").fill_(static_cast<float>(step));
     hook.after_step(step);
@@ -73,6 +78,18 @@ TEST(PeriodicSnapshots, SavesEveryNStepsWithStepMetadata) {
   EXPECT_EQ(stats.bytes(), stats.snapshots[0].save.bytes * 3);
   EXPECT_EQ(log.count("committed (steps)"), 3);
   EXPECT_EQ(log.count("tsnap: 3 snapshots (3 committed, 0 failed), 0 skipped"), 1);
+  ASSERT_EQ(records.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    const SnapshotRecord& r = stats.snapshots[i];
+    EXPECT_EQ(records[i]["step"], r.step);
+    EXPECT_EQ(records[i]["name"], r.name);
+    EXPECT_EQ(records[i]["reason"], "steps");
+    EXPECT_EQ(records[i]["committed"], true);
+    EXPECT_EQ(records[i]["save"]["bytes"], r.save.bytes);
+    EXPECT_EQ(records[i]["save"]["buffer_waits"], r.save.buffer_waits);
+    EXPECT_DOUBLE_EQ(records[i]["save"]["total_s"].get<double>(), r.save.total_s);
+    EXPECT_EQ(records[i]["save"]["engine"], r.save.engine);
+  }
 }
 
 TEST(PeriodicSnapshots, SavesByTimeAtAStepBoundary) {

@@ -15,6 +15,7 @@
 #include "format/safetensors.h"
 #include "support/test_util.h"
 #include "tsnap/load.h"
+#include "tsnap/manifest.h"
 #include "tsnap/save.h"
 
 namespace tsnap {
@@ -62,7 +63,8 @@ TEST(HfExport, OneFileHoldsEveryTensorBitForBit) {
   TempDir dir;
   const StateDict state = test_support::mixed_state(3);
   save(dir / "snap", state);
-  const HfExportResult r = export_hf(dir / "snap", dir / "hf");
+  const HfExportResult r = export_hf(dir / "snap", dir / "hf", {.link = false});
+  EXPECT_FALSE(r.linked);
   EXPECT_EQ(r.files, std::vector<std::string>{"model.safetensors"});
   EXPECT_EQ(test_support::dir_entries(dir / "hf"), r.files);  // no index, no leftovers
   EXPECT_EQ(r.tensors, state.size());
@@ -71,6 +73,70 @@ TEST(HfExport, OneFileHoldsEveryTensorBitForBit) {
   EXPECT_EQ(metadata, (std::map<std::string, std::string>{{"format", "pt"}}));
   // Nothing but the output next to it: the temporary directory is gone.
   EXPECT_EQ(test_support::dir_entries(dir.path()), (std::vector<std::string>{"hf", "snap"}));
+}
+
+// A snapshot whose shards can serve as they are is exported as hard links: same inodes, the
+// same bytes, readable by the reference reader, and still there once the snapshot is deleted.
+TEST(HfExport, LinksTheShardsWhenTheyServeAsTheyAre) {
+  TempDir dir;
+  const StateDict state = test_support::mixed_state(3);
+  save(dir / "snap", state, nlohmann::json::object(), {.num_shards = 3});
+  const Manifest m = read_manifest(dir / "snap");
+  ASSERT_EQ(m.files.size(), 3u);
+  const HfExportResult r = export_hf(dir / "snap", dir / "hf");
+  EXPECT_TRUE(r.linked);
+  EXPECT_EQ(r.files, (std::vector<std::string>{"model-00001-of-00003.safetensors",
+                                               "model-00002-of-00003.safetensors",
+                                               "model-00003-of-00003.safetensors",
+                                               "model.safetensors.index.json"}));
+  EXPECT_EQ(r.tensors, state.size());
+  const json index = json::parse(slurp(dir / "hf" / "model.safetensors.index.json"));
+  EXPECT_EQ(index["metadata"]["total_size"], r.total_size);
+  StateDict all;
+  for (size_t i = 0; i < 3; ++i) {
+    const fs::path out = dir / "hf" / r.files[i];
+    EXPECT_TRUE(fs::equivalent(out, dir / "snap" / m.files[i].name)) << out;
+    std::map<std::string, std::string> metadata;
+    for (const auto& [key, e] : read_file(out, &metadata)) {
+      EXPECT_EQ(index["weight_map"][key], r.files[i]) << key;
+      all.insert(key, e.tensor);
+    }
+    EXPECT_EQ(metadata.at("format"), "pt");
+  }
+  EXPECT_EQ(index["weight_map"].size(), state.size());
+  const StateDict loaded = load(dir / "snap");
+  expect_same(all, loaded);
+  fs::remove_all(dir / "snap");
+  EXPECT_EQ(read_file(dir / "hf" / r.files[0], nullptr).size() > 0, true);
+
+  // A dtype change, or link off, writes copies.
+  save(dir / "snap2", state);
+  EXPECT_FALSE(export_hf(dir / "snap2", dir / "hf2", {.dtype = at::kBFloat16}).linked);
+  EXPECT_FALSE(export_hf(dir / "snap2", dir / "hf3", {.link = false}).linked);
+}
+
+TEST(HfExport, ACorruptSnapshotIsNotLinked) {
+  TempDir dir;
+  save(dir / "snap", test_support::mixed_state(3));
+  const Manifest m = read_manifest(dir / "snap");
+  const fs::path shard = dir / "snap" / m.files[0].name;
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(m.files[0].data_offset + 1);
+    f.seekg(at);
+    const char c = static_cast<char>(f.get());
+    f.seekp(at);
+    f.put(static_cast<char>(c ^ 0x5a));
+  }
+  try {
+    export_hf(dir / "snap", dir / "hf");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kHashMismatch);
+    EXPECT_NE(std::string(e.what()).find(m.files[0].name), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir / "hf"));
+  EXPECT_EQ(test_support::dir_entries(dir.path()), (std::vector<std::string>{"snap"}));
 }
 
 TEST(HfExport, SplitsIntoFilesWithAnIndex) {
