@@ -49,9 +49,14 @@ enum class WhenBusy {
 };
 
 /// Why a snapshot was taken.
-enum class SnapshotReason { kSteps, kTime, kSignal };
+enum class SnapshotReason {
+  kSteps,       ///< every_steps or at_steps.
+  kTime,        ///< every_seconds.
+  kSignal,      ///< A signal of on_signals: the final snapshot.
+  kContinuous,  ///< continuous or max_overhead (adaptive).
+};
 
-/// "steps", "time" or "signal".
+/// "steps", "time", "signal" or "continuous".
 TSNAP_API const char* to_string(SnapshotReason reason) noexcept;
 
 /// The figures of one snapshot the hook took.
@@ -118,7 +123,8 @@ struct TSNAP_API PeriodicOptions {
 /// hook's final snapshot and stop replace the default action while it lives; to end with the
 /// conventional status, re-raise `stop_signal()` after destroying the hook.
 ///
-/// Retention (ScheduleOptions::keep_last, keep_every_steps) runs on the hook's thread after each
+/// Retention (ScheduleOptions' keep rules; metrics come from each snapshot's metadata, so give
+/// them to Checkpoint::of in `make_checkpoint`) runs on the hook's thread after each
 /// snapshot commits, and deletes crash-safely (rename to a temporary name, then remove), so a
 /// crash at any moment leaves at least one complete snapshot. Stale temporaries of crashed
 /// writers are removed when a Snapshotter starts alone on the root (a `flock` on the root).

@@ -53,8 +53,8 @@ TSNAP_API void to_json(nlohmann::json& out, const SaveStats& stats);
 /// The handle of a save in flight. Copyable (shared state); all methods are thread-safe.
 /// Dropping every copy does not cancel the save: the Snapshotter finishes it.
 ///
-/// Ordering: a save gives back everything a next save could need (its `max_in_flight` slot and
-/// its staging buffers) *before* its handle completes. So once `wait()` returns, `done()` is
+/// Ordering: a save gives back everything a next save could need (its `max_in_flight` slot, its
+/// name, and its staging buffers) *before* its handle completes. So once `wait()` returns, `done()` is
 /// true, or an `on_complete` callback runs, `Snapshotter::save_async` admits a new save at once:
 /// `InFlightPolicy::kFailFast` does not refuse it and `kWait` does not block on this save.
 class TSNAP_API SaveHandle {

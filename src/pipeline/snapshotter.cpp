@@ -53,8 +53,8 @@ struct Snapshotter::Impl {
   explicit Impl(SnapshotterOptions options);
   ~Impl();
   void admit(const std::string& name, bool overwrite);
-  void release_slot();
-  void completed(const std::string& name);
+  void release_slot(const std::string& name);
+  void completed();
 };
 
 Snapshotter::Impl::Impl(SnapshotterOptions options) {
@@ -156,19 +156,21 @@ void Snapshotter::Impl::admit(const std::string& name, bool overwrite) {
   names.insert(name);
 }
 
-void Snapshotter::Impl::release_slot() {
+// Runs before the save's handle completes (its commit is done), so that a save started once
+// wait() returns is admitted: its slot and its name are free again.
+void Snapshotter::Impl::release_slot(const std::string& name) {
   {
     std::lock_guard<std::mutex> lock(mu);
     --in_flight;
+    names.erase(names.find(name));
   }
   cv.notify_all();
 }
 
-void Snapshotter::Impl::completed(const std::string& name) {
+void Snapshotter::Impl::completed() {
   {
     std::lock_guard<std::mutex> lock(mu);
     --running;
-    names.erase(names.find(name));
   }
   cv.notify_all();
 }
@@ -229,11 +231,11 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
     job = std::make_shared<pipeline::SaveJob>(
         res, std::move(plan), std::move(paths),
         metadata.is_null() ? nlohmann::json::object() : metadata, options.overwrite, coordinator,
-        started, [this] { release_slot(); }, [this, name] { completed(name); }, options.progress);
+        started, [this, name] { release_slot(name); }, [this] { completed(); }, options.progress);
     job->open_files();
   } catch (...) {
-    release_slot();
-    completed(name);
+    release_slot(name);
+    completed();
     throw;
   }
   SaveHandle handle(job->state());

@@ -44,6 +44,8 @@ const char* to_string(SnapshotReason reason) noexcept {
       return "time";
     case SnapshotReason::kSignal:
       return "signal";
+    case SnapshotReason::kContinuous:
+      return "continuous";
   }
   return "?";
 }
@@ -70,7 +72,8 @@ struct PeriodicSnapshots::Impl {
 
   // Training thread.
   void after_step_distributed(int64_t step);
-  void propose(int64_t step, SnapshotReason reason, int sig);
+  int64_t propose(int64_t step, SnapshotReason reason, int sig);
+  bool continuous_due() const;
   void start_save(int64_t step, SnapshotReason reason, Clock::time_point began);
   void final_snapshot(int64_t step, int sig, Clock::time_point began);
   void restart_timer();
@@ -107,6 +110,9 @@ struct PeriodicSnapshots::Impl {
   // Training thread only.
   SaveHandle current;
   std::optional<int64_t> last_step;
+  Clock::time_point last_began = Clock::now();  // of the last snapshot, or the hook's start
+  double last_blocked_s = 0;                    // of the last snapshot
+  int64_t proposal_pending_until = 0;           // distributed rank 0: a continuous trigger's step
 
   // Distributed hooks (the Snapshotter has a DistGroup): a snapshot due by time (rank 0's
   // timer) or by a signal (on any rank) is posted to the group as a trigger for a step a little
@@ -259,8 +265,11 @@ void PeriodicSnapshots::Impl::poll_triggers() {
       if (text.empty()) break;
       ++next_trigger;
       const nlohmann::json j = nlohmann::json::parse(text);
+      const std::string reason = j.at("reason").get<std::string>();
       const Trigger t{j.at("step").get<int64_t>(),
-                      j.at("reason") == "signal" ? SnapshotReason::kSignal : SnapshotReason::kTime,
+                      reason == "signal"       ? SnapshotReason::kSignal
+                      : reason == "continuous" ? SnapshotReason::kContinuous
+                                               : SnapshotReason::kTime,
                       j.value("signal", 0)};
       // Kept in step order: triggers come in posting order, but each proposer picks its own
       // lead, so a later trigger can be due earlier.
@@ -346,6 +355,8 @@ void PeriodicSnapshots::Impl::start_save(int64_t step, SnapshotReason reason,
   current = handle;
   last_step = step;
   record.blocked_s = seconds_since(began);
+  last_began = began;
+  last_blocked_s = record.blocked_s;
   handle.on_complete([this, record, handle](std::exception_ptr error) {
     asio::post(io, [this, record, handle, error] { on_completed(record, handle, error); });
   });
@@ -388,7 +399,14 @@ void PeriodicSnapshots::Impl::wait_processed() {
   cv.wait(lock, [&] { return pending == 0; });
 }
 
-void PeriodicSnapshots::Impl::propose(int64_t step, SnapshotReason reason, int sig) {
+bool PeriodicSnapshots::Impl::continuous_due() const {
+  const std::optional<double> interval = schedule.continuous_interval(last_blocked_s);
+  if (!interval) return false;
+  if (current.valid() && !current.done()) return false;
+  return seconds_since(last_began) >= *interval;
+}
+
+int64_t PeriodicSnapshots::Impl::propose(int64_t step, SnapshotReason reason, int sig) {
   const int64_t lead = std::clamp<int64_t>(
       step_s > 0 ? static_cast<int64_t>(std::ceil(kLeadSeconds / step_s)) : kMinLeadSteps,
       kMinLeadSteps, 10000);
@@ -401,6 +419,7 @@ void PeriodicSnapshots::Impl::propose(int64_t step, SnapshotReason reason, int s
   } catch (const std::exception& e) {
     log(std::string("tsnap: cannot post a snapshot trigger to the group: ") + e.what());
   }
+  return step + lead;
 }
 
 void PeriodicSnapshots::Impl::after_step_distributed(int64_t step) {
@@ -416,6 +435,11 @@ void PeriodicSnapshots::Impl::after_step_distributed(int64_t step) {
   if (time_due.exchange(false)) {
     propose(step, SnapshotReason::kTime, 0);
     restart_timer();
+  }
+  // Continuous and adaptive snapshots: rank 0 decides (whether the previous save is done
+  // differs between ranks) and proposes one at a time.
+  if (coord->rank() == 0 && step > proposal_pending_until && continuous_due()) {
+    proposal_pending_until = propose(step, SnapshotReason::kContinuous, 0);
   }
   std::optional<Trigger> due;
   std::vector<Trigger> missed;
@@ -449,7 +473,7 @@ void PeriodicSnapshots::Impl::after_step_distributed(int64_t step) {
   if (schedule.due_at_step(step)) {
     reason = SnapshotReason::kSteps;
   } else if (due) {
-    reason = SnapshotReason::kTime;
+    reason = due->reason;
   } else {
     return;
   }
@@ -546,8 +570,10 @@ void PeriodicSnapshots::after_step(int64_t step) {
     reason = SnapshotReason::kSteps;
   } else if (m.time_due.load(std::memory_order_relaxed)) {
     reason = SnapshotReason::kTime;
+  } else if (m.continuous_due()) {
+    reason = SnapshotReason::kContinuous;  // the previous one is done: never skipped
   } else {
-    return;  // the common case: two atomic loads and a modulo
+    return;  // the common case: two atomic loads and a modulo (and a clock read if continuous)
   }
   if (m.last_step == step) return;  // already saved (or resumed from) this step
   const Clock::time_point began = Clock::now();

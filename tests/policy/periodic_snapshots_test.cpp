@@ -255,6 +255,46 @@ TEST(PeriodicSnapshots, RetentionThroughTheHook) {
   EXPECT_TRUE(stats.snapshots[9].deleted.empty());
 }
 
+// keep_best through the hook: the metric comes from each snapshot's metadata.
+TEST(PeriodicSnapshots, KeepsTheBestByAMetadataMetric) {
+  TempDir dir;
+  Snapshotter snap(test_support::small_options(dir.path()));
+  const StateDict sd = test_support::small_state(8);
+  const double loss[] = {0, 0.9, 0.3, 0.8, 0.2, 0.7, 0.6, 0.5};  // by step (1..7)
+  int64_t step = 0;
+  PeriodicSnapshots hook(
+      snap, Schedule({.every_steps = 1, .keep_best = 2, .best_metric = "val_loss"}),
+      [&] { return Checkpoint::of({{"state", sd}}, {{"val_loss", loss[step]}}); },
+      {.when_busy = WhenBusy::kWait, .log = nullptr});
+  for (step = 1; step <= 7; ++step) hook.after_step(step);
+  hook.finish();
+  // Best two (steps 4 and 2), and the newest (7).
+  EXPECT_EQ(snapshot_names(dir.path()),
+            (std::vector<std::string>{"step-00000002", "step-00000004", "step-00000007"}));
+}
+
+// Continuous saving takes the next snapshot once the previous one is done, never skipping one.
+TEST(PeriodicSnapshots, ContinuousSavesWhenThePreviousIsDone) {
+  TempDir dir;
+  Snapshotter snap(test_support::small_options(dir.path()));
+  const StateDict sd = test_support::small_state(8);
+  PeriodicSnapshots hook(snap, Schedule({.continuous = true}),
+                         [&] { return test_support::checkpoint_of(sd); }, {.log = nullptr});
+  for (int64_t step = 1; step <= 40; ++step) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    hook.after_step(step);
+  }
+  const PeriodicStats stats = hook.finish();
+  EXPECT_EQ(stats.skipped, 0);
+  ASSERT_GE(stats.snapshots.size(), 3u);
+  EXPECT_EQ(stats.snapshots[0].step, 1);  // min_interval 0: due at once
+  EXPECT_EQ(stats.snapshots[0].reason, SnapshotReason::kContinuous);
+  for (const SnapshotRecord& r : stats.snapshots) {
+    EXPECT_TRUE(r.committed);
+    EXPECT_EQ(r.reason, SnapshotReason::kContinuous);
+  }
+}
+
 TEST(PeriodicSnapshots, RejectsNullCheckpointFunction) {
   TempDir dir;
   Snapshotter snap(test_support::small_options(dir.path()));
