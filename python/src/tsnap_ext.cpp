@@ -140,8 +140,10 @@ tsnap::LoadOptions load_options(std::vector<std::string> include, std::vector<st
 }
 
 // A Snapshotter whose destruction (which waits for the saves in flight) releases the GIL.
+// Hooks (PyPeriodic) refer to it: it refuses to close while one is open.
 struct PySnapshotter {
   std::unique_ptr<tsnap::Snapshotter> snapshotter;
+  int open_hooks = 0;
 
   tsnap::Snapshotter& get() {
     if (!snapshotter) {
@@ -150,6 +152,10 @@ struct PySnapshotter {
     return *snapshotter;
   }
   void close() {
+    if (open_hooks > 0) {
+      throw tsnap::Error(tsnap::ErrorCode::kBusy,
+                         "the Snapshotter has an open PeriodicSnapshots: close the hook first");
+    }
     py::gil_scoped_release release;
     snapshotter.reset();
   }
@@ -196,12 +202,13 @@ class PyPeriodic {
  public:
   PyPeriodic(PySnapshotter& snapshotter, py::object make_state, tsnap::ScheduleOptions schedule,
              tsnap::PeriodicOptions options)
-      : make_state_(std::move(make_state)) {
+      : make_state_(std::move(make_state)), owner_(&snapshotter) {
     tsnap::Snapshotter& snap = snapshotter.get();
     tsnap::Schedule checked(std::move(schedule));
     py::gil_scoped_release release;
     hook_ = std::make_unique<tsnap::PeriodicSnapshots>(
         snap, std::move(checked), [this] { return make_checkpoint(); }, std::move(options));
+    ++owner_->open_hooks;
   }
   ~PyPeriodic() {
     if (hook_ && PyGILState_Check()) close();
@@ -239,8 +246,12 @@ class PyPeriodic {
     return hook().stats();
   }
   void close() {
-    py::gil_scoped_release release;
-    hook_.reset();
+    if (!hook_) return;
+    {
+      py::gil_scoped_release release;
+      hook_.reset();
+    }
+    --owner_->open_hooks;
   }
 
  private:
@@ -259,6 +270,7 @@ class PyPeriodic {
   }
 
   py::object make_state_;
+  PySnapshotter* owner_;  // kept alive by the Python object (py::keep_alive)
   py::object apply_ = py::none();
   std::unique_ptr<tsnap::PeriodicSnapshots> hook_;
 };

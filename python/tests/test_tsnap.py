@@ -325,3 +325,17 @@ def test_torch_version_mismatch_is_an_import_error():
     assert r.returncode != 0
     assert "ImportError" in r.stderr and "0.0.1" in r.stderr
     assert tsnap._build_info.TORCH_VERSION in r.stderr
+
+
+def test_snapshotter_outlives_its_hook(tmp_path):
+    snap = tsnap.Snapshotter(tmp_path)
+    hook = tsnap.PeriodicSnapshots(snap, lambda: {"w": torch.zeros(2)}, every_steps=1, log=False)
+    hook.after_step(1)
+    with pytest.raises(tsnap.Error, match="close the hook first") as e:
+        snap.close()
+    assert e.value.code == "busy"
+    hook.finish()
+    hook.close()
+    snap.close()
+    with pytest.raises(tsnap.Error, match="closed"):
+        snap.save_async("x", {"w": torch.zeros(2)})
