@@ -5,7 +5,9 @@
 # (python/tests). Installs what is missing first: the Debian packages and the torch wheel
 # (scripts/install-deps.sh), then scikit-build-core, pybind11, pytest, safetensors, numpy and
 # psutil from PyPI. Extra arguments go to pytest (e.g. -k periodic). Wheel LibTorch only: the
-# Debian LibTorch 1.13 build is not involved.
+# Debian LibTorch 1.13 build is not involved. Times on the 2 shared cores: a fresh clone 11 min
+# (the library's objects, partly from ccache, and the module), a reinstall after a change to the
+# binding about 2 min, to Python files only about 15 s; the tests about 10-15 s.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
