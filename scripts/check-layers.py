@@ -7,8 +7,8 @@ Layers, bottom-up; a folder under src/ may include its own headers, the public h
     common, io  ->  format  ->  plan  ->  stage  ->  pipeline | restore  ->  state  ->  policy
     ->  dist  ->  cli
 
-pipeline (write) and restore (read) are siblings: neither includes the other. bench/ sits at the
-level of cli; the one include beside a layer that is allowed is cli/ -> bench/ (`tsnap bench` is a
+pipeline (write) and restore (read) are siblings: neither includes the other. bench/ and python/ (the
+Python package's binding) sit at the level of cli; the one include beside a layer that is allowed is cli/ -> bench/ (`tsnap bench` is a
 front-end over the bench library), never the other way. Usage: scripts/check-layers.py [REPO]; exit 1 with one line per violation.
 """
 import pathlib
@@ -24,7 +24,7 @@ LAYERS = [
     ["state"],
     ["policy"],
     ["dist"],
-    ["cli", "bench"],
+    ["cli", "bench", "python"],
 ]
 LEVEL = {name: level for level, names in enumerate(LAYERS) for name in names}
 # (includer, included) pairs allowed beside each other.
@@ -36,10 +36,11 @@ def main() -> int:
     repo = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).parent.parent)
     problems = []
     sources = [p for p in (repo / "src").rglob("*") if p.suffix in (".h", ".cpp")]
-    sources += [p for p in (repo / "bench").rglob("*") if p.suffix in (".h", ".cpp")]
+    for top in ("bench", "python"):
+        sources += [p for p in (repo / top).rglob("*") if p.suffix in (".h", ".cpp")]
     for path in sorted(sources):
         rel = path.relative_to(repo)
-        layer = rel.parts[0] if rel.parts[0] == "bench" else rel.parts[1]
+        layer = rel.parts[0] if rel.parts[0] in ("bench", "python") else rel.parts[1]
         if layer not in LEVEL:
             problems.append(f"{rel}: folder '{layer}' has no layer (add it to {__file__})")
             continue

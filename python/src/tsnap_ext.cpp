@@ -1,0 +1,532 @@
+/// \file
+/// tsnap._C: the binding of tsnap's C++ engine for the `tsnap` Python package (python/tsnap/).
+///
+/// It passes flat `{key: tensor}` dicts and JSON strings; the package flattens nested state and
+/// keeps the structure in the metadata. Tensors cross without copies: torch's own pybind11
+/// casters (torch/extension.h) wrap the same at::Tensor that the Python object holds.
+///
+/// The GIL: every call that can block (staging, waits, loads, verify, the Snapshotter's and the
+/// hook's destructors) and every call that takes a lock the pipeline's threads also take (done,
+/// stats) runs with the GIL released, so a background thread that drops the last reference to a
+/// tensor whose Python object it owns (and so takes the GIL to free it) never waits on a thread
+/// that holds the GIL while waiting on it. No tsnap thread touches a Python object: the hook's
+/// callbacks into Python run on the training thread, holding the GIL again for their duration.
+
+#include <torch/csrc/Dtype.h>
+#include <torch/extension.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tsnap/catalog.h"
+#include "tsnap/checkpoint.h"
+#include "tsnap/error.h"
+#include "tsnap/load.h"
+#include "tsnap/periodic_snapshots.h"
+#include "tsnap/save.h"
+#include "tsnap/save_handle.h"
+#include "tsnap/schedule.h"
+#include "tsnap/snapshotter.h"
+
+namespace py = pybind11;
+using nlohmann::json;
+
+namespace {
+
+// The exception classes of tsnap.Error's hierarchy (created in PYBIND11_MODULE, never freed).
+PyObject* g_error = nullptr;
+PyObject* g_io_error = nullptr;
+PyObject* g_format_error = nullptr;
+PyObject* g_invalid_argument = nullptr;
+
+// Sets the Python exception of a tsnap::Error: its class by the code's class, with the C++
+// message, and attributes `code` ("hash_mismatch") and `errno` (0 when none).
+void set_python_error(const tsnap::Error& e) {
+  PyObject* type = g_error;
+  switch (tsnap::error_class(e.code())) {
+    case tsnap::ErrorClass::kIoError:
+      type = g_io_error;
+      break;
+    case tsnap::ErrorClass::kFormatError:
+      type = g_format_error;
+      break;
+    case tsnap::ErrorClass::kInvalidArgument:
+      type = g_invalid_argument;
+      break;
+    default:
+      break;
+  }
+  py::object value = py::reinterpret_borrow<py::object>(type)(py::str(e.what()));
+  value.attr("code") = tsnap::to_string(e.code());
+  value.attr("errno") = e.sys_errno();
+  PyErr_SetObject(type, value.ptr());
+}
+
+// Rethrows `error` (from a handle) so that the translator turns it into a Python exception.
+[[noreturn]] void rethrow(const std::exception_ptr& error) { std::rethrow_exception(error); }
+
+std::optional<at::ScalarType> to_dtype(const py::object& dtype) {
+  if (dtype.is_none()) return std::nullopt;
+  if (!THPDtype_Check(dtype.ptr())) {
+    throw tsnap::InvalidArgument(
+        tsnap::ErrorCode::kInvalidArgument,
+        std::string("dtype must be a torch.dtype or None, not ") + Py_TYPE(dtype.ptr())->tp_name);
+  }
+  return reinterpret_cast<THPDtype*>(dtype.ptr())->scalar_type;
+}
+
+tsnap::Staging to_staging(const std::string& staging) {
+  if (staging == "eager") return tsnap::Staging::kEager;
+  if (staging == "lazy") return tsnap::Staging::kLazy;
+  throw tsnap::InvalidArgument(tsnap::ErrorCode::kInvalidArgument,
+                               "staging must be 'eager' or 'lazy', not '" + staging + "'");
+}
+
+tsnap::EngineKind to_engine(const std::string& engine) {
+  if (engine == "auto") return tsnap::EngineKind::kAuto;
+  if (engine == "io_uring") return tsnap::EngineKind::kUring;
+  if (engine == "pwrite") return tsnap::EngineKind::kPwrite;
+  throw tsnap::InvalidArgument(
+      tsnap::ErrorCode::kInvalidArgument,
+      "engine must be 'auto', 'io_uring' or 'pwrite', not '" + engine + "'");
+}
+
+json to_json(const std::string& text, const char* what) {
+  json value = text.empty() ? json::object() : json::parse(text, nullptr, false);
+  if (value.is_discarded() || !value.is_object()) {
+    throw tsnap::InvalidArgument(tsnap::ErrorCode::kInvalidArgument,
+                                 std::string(what) + " must be a JSON object");
+  }
+  return value;
+}
+
+tsnap::StateDict to_state(const std::map<std::string, at::Tensor>& tensors) {
+  tsnap::StateDict state;
+  for (const auto& [key, tensor] : tensors) state.insert(key, tensor);
+  return state;
+}
+
+py::dict to_dict(const tsnap::StateDict& state) {
+  py::dict out;
+  for (const auto& [key, entry] : state) out[py::str(key)] = entry.tensor;
+  return out;
+}
+
+tsnap::SaveOptions save_options(const py::object& dtype, const std::string& staging, bool overwrite,
+                                int num_shards, uint64_t chunk_bytes) {
+  tsnap::SaveOptions options;
+  options.dtype = to_dtype(dtype);
+  options.staging = to_staging(staging);
+  options.overwrite = overwrite;
+  options.num_shards = num_shards;
+  options.chunk_bytes = chunk_bytes;
+  return options;
+}
+
+tsnap::LoadOptions load_options(std::vector<std::string> include, std::vector<std::string> exclude,
+                                bool verify, const std::string& key_prefix, bool allow_unmatched) {
+  tsnap::LoadOptions options;
+  options.include = std::move(include);
+  options.exclude = std::move(exclude);
+  options.verify = verify;
+  options.key_prefix = key_prefix;
+  options.allow_unmatched = allow_unmatched;
+  return options;
+}
+
+// A Snapshotter whose destruction (which waits for the saves in flight) releases the GIL.
+// Hooks (PyPeriodic) refer to it: it refuses to close while one is open.
+struct PySnapshotter {
+  std::unique_ptr<tsnap::Snapshotter> snapshotter;
+  int open_hooks = 0;
+
+  tsnap::Snapshotter& get() {
+    if (!snapshotter) {
+      throw tsnap::Error(tsnap::ErrorCode::kCancelled, "the Snapshotter is closed");
+    }
+    return *snapshotter;
+  }
+  void close() {
+    if (open_hooks > 0) {
+      throw tsnap::Error(tsnap::ErrorCode::kBusy,
+                         "the Snapshotter has an open PeriodicSnapshots: close the hook first");
+    }
+    py::gil_scoped_release release;
+    snapshotter.reset();
+  }
+  ~PySnapshotter() {
+    if (snapshotter && PyGILState_Check()) {
+      close();
+    }
+  }
+};
+
+// Waits for `handle` with the GIL released, in slices, so that Ctrl-C interrupts the wait
+// (KeyboardInterrupt; the save goes on). Returns whether it completed within `timeout` (seconds,
+// negative for none); rethrows the save's error.
+bool wait_handle(const tsnap::SaveHandle& handle, double timeout) {
+  const auto start = std::chrono::steady_clock::now();
+  while (true) {
+    auto slice = std::chrono::milliseconds(100);
+    if (timeout >= 0) {
+      const double left =
+          timeout - std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (left <= 0) {
+        py::gil_scoped_release release;
+        if (!handle.done()) return false;
+        break;
+      }
+      slice = std::min(slice, std::chrono::milliseconds(static_cast<int64_t>(left * 1000) + 1));
+    }
+    bool done;
+    {
+      py::gil_scoped_release release;
+      done = handle.wait_for(slice);
+    }
+    if (done) break;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+  py::gil_scoped_release release;
+  if (auto error = handle.error()) rethrow(error);
+  return true;
+}
+
+// The periodic hook with Python callbacks. The callables live here, not in the C++ hook's
+// std::functions (which capture `this`), so they are only ever copied or freed with the GIL.
+class PyPeriodic {
+ public:
+  PyPeriodic(PySnapshotter& snapshotter, py::object make_state, tsnap::ScheduleOptions schedule,
+             tsnap::PeriodicOptions options)
+      : make_state_(std::move(make_state)), owner_(&snapshotter) {
+    tsnap::Snapshotter& snap = snapshotter.get();
+    tsnap::Schedule checked(std::move(schedule));
+    py::gil_scoped_release release;
+    hook_ = std::make_unique<tsnap::PeriodicSnapshots>(
+        snap, std::move(checked), [this] { return make_checkpoint(); }, std::move(options));
+    ++owner_->open_hooks;
+  }
+  ~PyPeriodic() {
+    if (hook_ && PyGILState_Check()) close();
+  }
+
+  int64_t resume(py::object apply) {
+    apply_ = std::move(apply);
+    int64_t step;
+    {
+      py::gil_scoped_release release;
+      step = hook().resume([this](tsnap::Checkpoint& c) {
+        py::gil_scoped_acquire acquire;
+        apply_(to_dict(c.state()), c.metadata().dump());
+      });
+    }
+    apply_ = py::none();
+    return step;
+  }
+  void after_step(int64_t step) {
+    py::gil_scoped_release release;
+    hook().after_step(step);
+  }
+  void before_optimizer_step() {
+    py::gil_scoped_release release;
+    hook().before_optimizer_step();
+  }
+  bool stop_requested() { return hook().stop_requested(); }
+  int stop_signal() { return hook().stop_signal(); }
+  tsnap::PeriodicStats finish() {
+    py::gil_scoped_release release;
+    return hook().finish();
+  }
+  tsnap::PeriodicStats stats() {
+    py::gil_scoped_release release;
+    return hook().stats();
+  }
+  void close() {
+    if (!hook_) return;
+    {
+      py::gil_scoped_release release;
+      hook_.reset();
+    }
+    --owner_->open_hooks;
+  }
+
+ private:
+  tsnap::PeriodicSnapshots& hook() {
+    if (!hook_) throw tsnap::Error(tsnap::ErrorCode::kCancelled, "the hook is closed");
+    return *hook_;
+  }
+  // On the training thread, inside after_step (which released the GIL).
+  tsnap::Checkpoint make_checkpoint() {
+    py::gil_scoped_acquire acquire;
+    py::tuple made = make_state_();
+    tsnap::Checkpoint checkpoint;
+    checkpoint.state() = to_state(made[0].cast<std::map<std::string, at::Tensor>>());
+    checkpoint.metadata() = to_json(made[1].cast<std::string>(), "metadata");
+    return checkpoint;
+  }
+
+  py::object make_state_;
+  PySnapshotter* owner_;  // kept alive by the Python object (py::keep_alive)
+  py::object apply_ = py::none();
+  std::unique_ptr<tsnap::PeriodicSnapshots> hook_;
+};
+
+py::dict record_dict(const tsnap::SnapshotRecord& r) {
+  py::dict d;
+  d["step"] = r.step;
+  d["name"] = r.name;
+  d["reason"] = tsnap::to_string(r.reason);
+  d["blocked_s"] = r.blocked_s;
+  d["save"] = r.save;
+  d["committed"] = r.committed;
+  d["error"] = r.error;
+  d["deleted"] = r.deleted;
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "tsnap's C++ engine (use the tsnap package, not this module)";
+  m.attr("TORCH_BUILD_VERSION") = TSNAP_TORCH_BUILD_VERSION;
+
+  g_error = PyErr_NewException("tsnap.Error", PyExc_RuntimeError, nullptr);
+  g_io_error = PyErr_NewException("tsnap.IoError", g_error, nullptr);
+  g_format_error = PyErr_NewException("tsnap.FormatError", g_error, nullptr);
+  py::tuple invalid_bases = py::make_tuple(py::handle(g_error), py::handle(PyExc_ValueError));
+  g_invalid_argument = PyErr_NewException("tsnap.InvalidArgument", invalid_bases.ptr(), nullptr);
+  m.attr("Error") = py::handle(g_error);
+  m.attr("IoError") = py::handle(g_io_error);
+  m.attr("FormatError") = py::handle(g_format_error);
+  m.attr("InvalidArgument") = py::handle(g_invalid_argument);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const tsnap::Error& e) {
+      set_python_error(e);
+    }
+  });
+
+  py::class_<tsnap::SaveStats>(m, "SaveStats", "Figures of one save; times in seconds.")
+      .def_readonly("stall_s", &tsnap::SaveStats::stall_s)
+      .def_readonly("stage_s", &tsnap::SaveStats::stage_s)
+      .def_readonly("write_s", &tsnap::SaveStats::write_s)
+      .def_readonly("commit_s", &tsnap::SaveStats::commit_s)
+      .def_readonly("total_s", &tsnap::SaveStats::total_s)
+      .def_readonly("bytes", &tsnap::SaveStats::bytes)
+      .def_readonly("tensor_bytes", &tsnap::SaveStats::tensor_bytes)
+      .def_readonly("chunks", &tsnap::SaveStats::chunks)
+      .def_readonly("files", &tsnap::SaveStats::files)
+      .def_readonly("tensors", &tsnap::SaveStats::tensors)
+      .def_readonly("buffer_waits", &tsnap::SaveStats::buffer_waits)
+      .def_readonly("buffers_reused", &tsnap::SaveStats::buffers_reused)
+      .def_readonly("engine", &tsnap::SaveStats::engine)
+      .def_readonly("direct", &tsnap::SaveStats::direct)
+      .def_property_readonly("throughput_gbps", &tsnap::SaveStats::throughput_gbps)
+      .def("__repr__", [](const tsnap::SaveStats& s) {
+        char line[256];
+        std::snprintf(line, sizeof line,
+                      "SaveStats(stall_s=%.4f, total_s=%.4f, bytes=%llu, engine='%s%s', "
+                      "%.2f GB/s)",
+                      s.stall_s, s.total_s, static_cast<unsigned long long>(s.bytes),
+                      s.engine.c_str(), s.direct ? "+O_DIRECT" : "", s.throughput_gbps());
+        return std::string(line);
+      });
+
+  py::class_<tsnap::SaveHandle>(m, "SaveHandle")
+      .def("wait", &wait_handle, py::arg("timeout") = -1.0)
+      .def("done",
+           [](const tsnap::SaveHandle& h) {
+             py::gil_scoped_release release;
+             return h.done();
+           })
+      .def("wait_staged",
+           [](const tsnap::SaveHandle& h) {
+             py::gil_scoped_release release;
+             h.wait_staged();
+           })
+      .def_property_readonly("stats",
+                             [](const tsnap::SaveHandle& h) {
+                               py::gil_scoped_release release;
+                               return h.stats();
+                             })
+      .def_property_readonly("path", [](const tsnap::SaveHandle& h) { return h.path().string(); });
+
+  py::class_<PySnapshotter>(m, "Snapshotter")
+      .def(py::init([](const std::string& root, uint64_t staging_budget, uint64_t chunk_bytes,
+                       int stage_threads, int io_threads, unsigned queue_depth,
+                       const std::string& engine, bool direct_io, int max_in_flight,
+                       bool fail_fast) {
+             tsnap::SnapshotterOptions options;
+             options.root = root;
+             options.staging_budget_bytes = staging_budget;
+             options.chunk_bytes = chunk_bytes;
+             options.stage_threads = stage_threads;
+             options.io_threads = io_threads;
+             options.queue_depth = queue_depth;
+             options.engine = to_engine(engine);
+             options.direct_io = direct_io;
+             options.max_in_flight = max_in_flight;
+             options.in_flight =
+                 fail_fast ? tsnap::InFlightPolicy::kFailFast : tsnap::InFlightPolicy::kWait;
+             auto out = std::make_unique<PySnapshotter>();
+             py::gil_scoped_release release;
+             out->snapshotter = std::make_unique<tsnap::Snapshotter>(std::move(options));
+             return out;
+           }),
+           py::arg("root"), py::arg("staging_budget"), py::arg("chunk_bytes"),
+           py::arg("stage_threads"), py::arg("io_threads"), py::arg("queue_depth"),
+           py::arg("engine"), py::arg("direct_io"), py::arg("max_in_flight"), py::arg("fail_fast"))
+      .def("save_async",
+           [](PySnapshotter& self, const std::string& name,
+              const std::map<std::string, at::Tensor>& tensors, const std::string& metadata,
+              const py::object& dtype, const std::string& staging, bool overwrite, int num_shards,
+              uint64_t chunk_bytes) {
+             const tsnap::StateDict state = to_state(tensors);
+             const json meta = to_json(metadata, "metadata");
+             const tsnap::SaveOptions options =
+                 save_options(dtype, staging, overwrite, num_shards, chunk_bytes);
+             tsnap::Snapshotter& snap = self.get();
+             py::gil_scoped_release release;
+             return snap.save_async(name, state, meta, options);
+           })
+      .def("wait_all",
+           [](PySnapshotter& self) {
+             tsnap::Snapshotter& snap = self.get();
+             py::gil_scoped_release release;
+             snap.wait_all();
+           })
+      .def("close", &PySnapshotter::close)
+      .def_property_readonly("root", [](PySnapshotter& self) { return self.get().root().string(); })
+      .def_property_readonly("engine", [](PySnapshotter& self) { return self.get().engine_name(); })
+      .def_property_readonly("staging_budget",
+                             [](PySnapshotter& self) { return self.get().staging_budget_bytes(); });
+
+  m.def("save",
+        [](const std::string& path, const std::map<std::string, at::Tensor>& tensors,
+           const std::string& metadata, const py::object& dtype, bool overwrite, int num_shards) {
+          const tsnap::StateDict state = to_state(tensors);
+          const json meta = to_json(metadata, "metadata");
+          const tsnap::SaveOptions options = save_options(dtype, "eager", overwrite, num_shards, 0);
+          py::gil_scoped_release release;
+          return tsnap::save(path, state, meta, options);
+        });
+
+  m.def("load", [](const std::string& path, std::vector<std::string> include,
+                   std::vector<std::string> exclude, bool verify, const std::string& key_prefix,
+                   bool allow_unmatched) {
+    const tsnap::LoadOptions options =
+        load_options(std::move(include), std::move(exclude), verify, key_prefix, allow_unmatched);
+    tsnap::StateDict state;
+    {
+      py::gil_scoped_release release;
+      state = tsnap::load(path, options);
+    }
+    return to_dict(state);
+  });
+
+  m.def("load_into", [](const std::string& path, const std::map<std::string, at::Tensor>& dest,
+                        std::vector<std::string> include, std::vector<std::string> exclude,
+                        bool verify, const std::string& key_prefix, bool allow_unmatched,
+                        bool require_every_key, bool atomic) {
+    tsnap::LoadOptions options =
+        load_options(std::move(include), std::move(exclude), verify, key_prefix, allow_unmatched);
+    options.require_every_key = require_every_key;
+    options.atomic = atomic;
+    tsnap::StateDict state = to_state(dest);
+    tsnap::LoadReport report;
+    {
+      py::gil_scoped_release release;
+      report = tsnap::load_into(path, state, options);
+    }
+    py::dict out;
+    out["loaded"] = report.loaded;
+    out["not_in_destination"] = report.not_in_destination;
+    out["bytes_read"] = report.bytes_read;
+    out["engine"] = report.engine;
+    out["seconds"] = report.seconds;
+    return out;
+  });
+
+  m.def("metadata", [](const std::string& path) {
+    json metadata;
+    {
+      py::gil_scoped_release release;
+      metadata = tsnap::read_manifest(path).metadata;
+    }
+    return metadata.dump();
+  });
+
+  m.def("latest", [](const std::string& root) -> std::optional<std::string> {
+    std::optional<std::filesystem::path> found;
+    {
+      py::gil_scoped_release release;
+      found = tsnap::latest(root);
+    }
+    if (!found) return std::nullopt;
+    return found->string();
+  });
+
+  m.def("verify", [](const std::string& path) {
+    std::vector<tsnap::BadChunk> bad;
+    {
+      py::gil_scoped_release release;
+      bad = tsnap::verify(path);
+    }
+    py::list out;
+    for (const auto& b : bad) {
+      py::dict d;
+      d["file"] = b.file;
+      d["chunk"] = b.chunk;
+      d["offset"] = b.offset;
+      d["problem"] = b.problem;
+      out.append(d);
+    }
+    return out;
+  });
+
+  py::class_<tsnap::PeriodicStats>(m, "PeriodicStats")
+      .def_property_readonly("snapshots",
+                             [](const tsnap::PeriodicStats& s) {
+                               py::list out;
+                               for (const auto& r : s.snapshots) out.append(record_dict(r));
+                               return out;
+                             })
+      .def_readonly("skipped", &tsnap::PeriodicStats::skipped)
+      .def_readonly("failed", &tsnap::PeriodicStats::failed)
+      .def_readonly("deleted", &tsnap::PeriodicStats::deleted)
+      .def_property_readonly("stall_s", &tsnap::PeriodicStats::stall_s)
+      .def_property_readonly("bytes", &tsnap::PeriodicStats::bytes);
+
+  py::class_<PyPeriodic>(m, "PeriodicSnapshots")
+      .def(py::init([](PySnapshotter& snapshotter, py::object make_state, int64_t every_steps,
+                       double every_seconds, std::vector<int> on_signals, int keep_last,
+                       int64_t keep_every_steps, const py::object& dtype,
+                       const std::string& staging, bool wait_when_busy, bool log) {
+             tsnap::ScheduleOptions schedule;
+             schedule.every_steps = every_steps;
+             schedule.every_seconds = every_seconds;
+             schedule.on_signals = std::move(on_signals);
+             schedule.keep_last = keep_last;
+             schedule.keep_every_steps = keep_every_steps;
+             tsnap::PeriodicOptions options;
+             options.save = save_options(dtype, staging, true, 0, 0);
+             options.when_busy = wait_when_busy ? tsnap::WhenBusy::kWait : tsnap::WhenBusy::kSkip;
+             if (!log) options.log = nullptr;
+             return std::make_unique<PyPeriodic>(snapshotter, std::move(make_state),
+                                                 std::move(schedule), std::move(options));
+           }),
+           py::keep_alive<1, 2>())
+      .def("resume", &PyPeriodic::resume)
+      .def("after_step", &PyPeriodic::after_step)
+      .def("before_optimizer_step", &PyPeriodic::before_optimizer_step)
+      .def_property_readonly("stop_requested", &PyPeriodic::stop_requested)
+      .def_property_readonly("stop_signal", &PyPeriodic::stop_signal)
+      .def("finish", &PyPeriodic::finish)
+      .def("stats", &PyPeriodic::stats)
+      .def("close", &PyPeriodic::close);
+}

@@ -1,0 +1,43 @@
+"""tsnap: asynchronous, atomically committed snapshots of PyTorch training state.
+
+A Python front-end over tsnap's C++ engine (staging copy into pooled buffers, io_uring
+O_DIRECT writes of safetensors shards, atomic commit with MANIFEST.json)::
+
+    snap = tsnap.Snapshotter("runs/exp1")
+    h = snap.save_async("step-100", {"model": model.state_dict(), "optim": opt.state_dict()})
+    ...                              # training goes on; the snapshot is the state at the call
+    h.wait()                         # committed (raises tsnap.Error if the save failed)
+    state = tsnap.load(tsnap.latest("runs/exp1"))
+
+Nested state (dicts, lists, tuples, int-keyed optimizer state, plain values) is saved as flat
+tensors plus its structure in the manifest, and loaded back as the same structure. Every
+blocking call releases the GIL; a background error is raised by ``SaveHandle.wait()``.
+"""
+
+import torch
+
+from . import _build_info
+
+if torch.__version__ != _build_info.TORCH_VERSION:
+    raise ImportError(
+        f"tsnap was built against torch {_build_info.TORCH_VERSION} but torch "
+        f"{torch.__version__} is installed: reinstall tsnap (pip install --no-build-isolation .)")
+
+from . import _C  # noqa: E402  (after the version check: a mismatched module may not load)
+from ._api import (  # noqa: E402
+    SaveHandle, Snapshotter, latest, load, load_into, metadata, save, verify)
+from ._optim import load_optimizer_state_dict, optimizer_state_dict  # noqa: E402
+from .periodic import PeriodicSnapshots  # noqa: E402
+
+Error = _C.Error
+IoError = _C.IoError
+FormatError = _C.FormatError
+InvalidArgument = _C.InvalidArgument
+SaveStats = _C.SaveStats
+
+__version__ = _build_info.TSNAP_VERSION
+__all__ = [
+    "Error", "FormatError", "InvalidArgument", "IoError", "PeriodicSnapshots", "SaveHandle",
+    "SaveStats", "Snapshotter", "latest", "load", "load_into", "load_optimizer_state_dict",
+    "metadata", "optimizer_state_dict", "save", "verify",
+]

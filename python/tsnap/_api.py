@@ -1,0 +1,216 @@
+"""The Python API over tsnap._C: Snapshotter, SaveHandle, save, load, load_into, latest, verify."""
+
+import json
+import os
+
+from . import _C
+from ._tree import TREE_KEY, flatten, unflatten
+
+# The metadata key of the C++ checkpoint's own record (tsnap::kCheckpointInfoKey).
+_CHECKPOINT_INFO_KEY = "tsnap"
+
+
+def _fspath(path):
+    return os.fsdecode(os.fspath(path))
+
+
+def _saved_metadata(state, metadata):
+    """The flat tensors of ``state`` and the manifest metadata: the user's plus the structure."""
+    tensors, tree = flatten(state)
+    meta = {} if metadata is None else dict(metadata)
+    for reserved in (TREE_KEY, _CHECKPOINT_INFO_KEY):
+        if reserved in meta:
+            raise ValueError(f"tsnap: metadata key '{reserved}' is reserved")
+    meta[TREE_KEY] = tree
+    try:
+        text = json.dumps(meta, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"tsnap: metadata must be JSON-serialisable: {e}") from None
+    return tensors, text
+
+
+def _user_metadata(meta):
+    return {k: v for k, v in meta.items() if k not in (TREE_KEY, _CHECKPOINT_INFO_KEY)}
+
+
+class SaveHandle:
+    """The future of one asynchronous save (``Snapshotter.save_async``).
+
+    ``wait()`` blocks (GIL released) until the snapshot is committed and raises the save's
+    error (a ``tsnap.Error`` carrying the C++ message); ``done()`` polls; ``wait_staged()``
+    returns once the tensors may change (at once for eager staging); ``stats`` gives the
+    figures (complete once done); ``path`` is the final snapshot directory. Dropping the handle
+    does not cancel the save.
+    """
+
+    __slots__ = ("_h",)
+
+    def __init__(self, handle):
+        self._h = handle
+
+    def wait(self, timeout=None):
+        """Waits until committed; with ``timeout`` (seconds), at most that long.
+
+        Returns True when the save completed, False on timeout; raises its error.
+        """
+        return self._h.wait(-1.0 if timeout is None else max(0.0, float(timeout)))
+
+    def done(self):
+        """True once committed or failed."""
+        return self._h.done()
+
+    def wait_staged(self):
+        """Blocks until every tensor is staged (lazy staging); raises a staging error."""
+        self._h.wait_staged()
+
+    @property
+    def stats(self):
+        """A ``tsnap.SaveStats`` (stall_s, stage_s, write_s, commit_s, total_s, bytes, ...)."""
+        return self._h.stats
+
+    @property
+    def path(self):
+        return self._h.path
+
+    def __repr__(self):
+        return f"<tsnap.SaveHandle {self.path} {'done' if self.done() else 'in flight'}>"
+
+
+class Snapshotter:
+    """Takes asynchronous snapshots under ``root`` (``<root>/<name>/``).
+
+    Owns the staging buffers (allocated once, reused by every save; ``staging_budget`` bytes,
+    0 = sized at the first save to hold it whole, at most a quarter of RAM), the copy threads
+    and the io_uring writer. ``close()`` (or leaving a ``with`` block, or garbage collection)
+    waits for every save in flight to commit or fail.
+
+    Arguments mirror ``tsnap::SnapshotterOptions``: ``chunk_bytes`` (multiple of 4096),
+    ``stage_threads`` (0 = half the cores), ``io_threads``, ``queue_depth``, ``engine``
+    ('auto', 'io_uring', 'pwrite'), ``direct_io``, ``max_in_flight`` (saves writing at once),
+    ``when_busy`` ('wait': a save beyond max_in_flight waits; 'fail': raises tsnap.Error busy).
+    """
+
+    def __init__(self, root, staging_budget=0, *, chunk_bytes=16 << 20, stage_threads=0,
+                 io_threads=4, queue_depth=32, engine="auto", direct_io=True, max_in_flight=2,
+                 when_busy="wait"):
+        if when_busy not in ("wait", "fail"):
+            raise ValueError(f"tsnap: when_busy must be 'wait' or 'fail', not {when_busy!r}")
+        self._s = _C.Snapshotter(_fspath(root), int(staging_budget), int(chunk_bytes),
+                                 int(stage_threads), int(io_threads), int(queue_depth), engine,
+                                 bool(direct_io), int(max_in_flight), when_busy == "fail")
+
+    def save_async(self, name, state, metadata=None, dtype=None, staging="eager", *,
+                   overwrite=False, num_shards=0, chunk_bytes=0):
+        """Starts saving ``state`` (a dict, possibly nested) as ``<root>/<name>``.
+
+        Returns a SaveHandle once every tensor is copied into staging buffers (``staging=
+        'eager'``: the tensors may change from then on), or at once (``'lazy'``: call
+        ``handle.wait_staged()`` before the tensors next change, e.g. before
+        ``optimizer.step()``). ``dtype`` (e.g. ``torch.bfloat16``) stores floating tensors in
+        that precision; integer and bool tensors keep theirs. ``metadata`` is a JSON-able dict
+        stored in the manifest. Raises tsnap.Error for a bad name, an existing snapshot (unless
+        ``overwrite``), or a save of the same name still in flight.
+        """
+        tensors, meta = _saved_metadata(state, metadata)
+        return SaveHandle(self._s.save_async(name, tensors, meta, dtype, staging,
+                                             bool(overwrite), int(num_shards), int(chunk_bytes)))
+
+    def wait_all(self):
+        """Waits for every save in flight (each handle keeps its own error)."""
+        self._s.wait_all()
+
+    def close(self):
+        """Waits for the saves in flight and frees the buffers and threads."""
+        self._s.close()
+
+    @property
+    def root(self):
+        return self._s.root
+
+    @property
+    def engine(self):
+        """The write engine in use, e.g. 'io_uring+O_DIRECT'."""
+        return self._s.engine
+
+    @property
+    def staging_budget(self):
+        """The staging budget in bytes (0 before the first save when automatic)."""
+        return self._s.staging_budget
+
+    def latest(self):
+        """The newest committed snapshot under the root, or None."""
+        return latest(self.root)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def save(path, state, metadata=None, dtype=None, *, overwrite=False, num_shards=0):
+    """Saves ``state`` to the snapshot directory ``path`` and returns once it is committed.
+
+    Returns its SaveStats. Arguments as ``Snapshotter.save_async``.
+    """
+    tensors, meta = _saved_metadata(state, metadata)
+    return _C.save(_fspath(path), tensors, meta, dtype, bool(overwrite), int(num_shards))
+
+
+def _patterns(patterns):
+    if patterns is None:
+        return []
+    return [patterns] if isinstance(patterns, str) else list(patterns)
+
+
+def load(path, include=None, exclude=None, *, verify=True, flat=False, allow_unmatched=False):
+    """Loads a snapshot into new CPU tensors (stored dtype, bit-identical to what was saved).
+
+    Returns the state in the structure it was saved with (``flat=True``, or a snapshot written
+    by the C++ API: ``{key: tensor}``). ``include`` / ``exclude`` are glob patterns (or one) on
+    the flat keys (``"model/*"``); only the selected chunks are read, and the tensors left out
+    are left out of the structure (plain values always come back). Raises tsnap.IoError for a
+    missing snapshot or shard, tsnap.FormatError for a corrupt one (hash mismatch, truncation),
+    tsnap.InvalidArgument for a pattern that matches nothing.
+    """
+    path = _fspath(path)
+    meta = json.loads(_C.metadata(path))
+    tensors = _C.load(path, _patterns(include), _patterns(exclude), bool(verify), "",
+                      bool(allow_unmatched))
+    if flat or TREE_KEY not in meta:
+        return tensors
+    return unflatten(meta[TREE_KEY], tensors)
+
+
+def load_into(path, state, include=None, exclude=None, *, strict=False, verify=True,
+              atomic=False, allow_unmatched=False):
+    """Loads a snapshot into the existing tensors of ``state``, in place.
+
+    ``state`` is nested like the saved one (``{"model": model.state_dict()}``), or is a part of
+    it, flattened the same way; its non-tensor values are not changed. Floating tensors convert
+    to each destination's dtype (bf16 on disk into fp32 parameters). Destination keys the
+    snapshot lacks, and wrong shapes or dtypes, raise tsnap.InvalidArgument before anything is
+    written; with ``strict``, so do snapshot keys (selected by include/exclude) that the
+    destination lacks. ``atomic`` reads and verifies everything before writing anything.
+    Returns a dict: loaded, not_in_destination, bytes_read, engine, seconds.
+    """
+    tensors, _ = flatten(state)
+    return _C.load_into(_fspath(path), tensors, _patterns(include), _patterns(exclude),
+                        bool(verify), "", bool(allow_unmatched), bool(strict), bool(atomic))
+
+
+def metadata(path):
+    """The user metadata a snapshot was saved with (a dict; the periodic hook adds "step")."""
+    return _user_metadata(json.loads(_C.metadata(_fspath(path))))
+
+
+def latest(root):
+    """The newest committed snapshot under ``root`` (highest "step" metadata, then newest), or
+    None; temporaries and snapshots without a valid manifest are skipped."""
+    return _C.latest(_fspath(root))
+
+
+def verify(path):
+    """Re-hashes every chunk; returns the bad ones (dicts: file, chunk, offset, problem), []
+    when intact. Raises tsnap.Error when the snapshot has no valid manifest."""
+    return _C.verify(_fspath(path))

@@ -1,0 +1,345 @@
+"""``python -m tsnap.bench``: the same state saved by torch.save, DCP and tsnap, side by side.
+
+The state is GPT-2 shaped (embeddings, attention and MLP weights, layer norms) with Adam's two
+moments per parameter, fp32, about ``--size-mb`` MB in all. Each method runs in its own
+process (so its memory is its own) and saves the state ``--repeat`` times:
+
+  stall    how long the training thread is blocked before it may change the tensors again
+           (the call; for DCP with async staging, the call plus its staging future)
+  durable  from the call until the checkpoint is on disk (fsynced) and committed
+  GB/s     the state's bytes / durable
+  RSS      resident memory after the last save minus after the first (growth), and the peak
+           during the saves above the process with its state (VmHWM)
+  load     reading it back into the existing tensors, with the files' page cache dropped first
+           (posix_fadvise DONTNEED), so every method reads from the disk
+
+Medians over the repeats (the first save included); ``--json`` writes every figure.
+"""
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+import torch
+
+METHODS = {
+    "torch.save": "torch.save + fsync",
+    "dcp.save": "DCP save",
+    "dcp.async": "DCP async_save (default stager)",
+    "dcp.async.cached": "DCP async_save (FileSystemWriter cache_staged_state_dict)",
+    "dcp.async.stager": "DCP async_save (DefaultStager, async staging)",
+    "tsnap": "tsnap save_async fp32",
+    "tsnap.bf16": "tsnap save_async bf16",
+}
+
+
+def make_state(size_mb, seed=0):
+    """A GPT-2 shaped model state and Adam state (named), fp32, about size_mb MB in all."""
+    params_bytes = size_mb * 1e6 / 3  # parameters + exp_avg + exp_avg_sq
+    d = 768
+    per_layer = 12 * d * d + 13 * d  # qkv, proj, mlp in/out, biases and norms
+    layers = max(1, int((params_bytes / 4 - 50257 * d - 1024 * d) / per_layer))
+    vocab = 50257
+    if params_bytes / 4 < vocab * d + 1024 * d + per_layer:  # small: shrink the vocabulary
+        vocab = max(1000, int(params_bytes / 4 / d) - 1024 - 12 * d)
+    shapes = {"wte.weight": (vocab, d), "wpe.weight": (1024, d)}
+    for i in range(layers):
+        p = f"h.{i}."
+        shapes.update({p + "ln_1.weight": (d,), p + "ln_1.bias": (d,),
+                       p + "attn.c_attn.weight": (d, 3 * d), p + "attn.c_attn.bias": (3 * d,),
+                       p + "attn.c_proj.weight": (d, d), p + "attn.c_proj.bias": (d,),
+                       p + "ln_2.weight": (d,), p + "ln_2.bias": (d,),
+                       p + "mlp.c_fc.weight": (d, 4 * d), p + "mlp.c_fc.bias": (4 * d,),
+                       p + "mlp.c_proj.weight": (4 * d, d), p + "mlp.c_proj.bias": (d,)})
+    shapes.update({"ln_f.weight": (d,), "ln_f.bias": (d,)})
+    g = torch.Generator().manual_seed(seed)
+    model = {k: torch.rand(s, generator=g) for k, s in shapes.items()}
+    optim = {k: {"step": torch.tensor(100.0), "exp_avg": torch.rand(s, generator=g),
+                 "exp_avg_sq": torch.rand(s, generator=g)} for k, s in shapes.items()}
+    return {"model": model, "optim": {"state": optim}}
+
+
+def tensors_of(state):
+    out = []
+    for v in state.values():
+        out.extend(tensors_of(v) if isinstance(v, dict) else [v])
+    return out
+
+
+def state_bytes(state):
+    return sum(t.numel() * t.element_size() for t in tensors_of(state))
+
+
+def proc_status(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def reset_peak_rss():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+    except OSError:
+        pass
+
+
+def drop_page_cache(path):
+    """Drops the cached pages of every file under path (so the next read is from the disk)."""
+    files = [path] if os.path.isfile(path) else [
+        os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs]
+    for name in files:
+        fd = os.open(name, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Method:
+    """One way to save; save() returns (stall_s, durable_s); load(path) loads in place."""
+
+    def __init__(self, name, state, workdir):
+        self.name, self.state, self.workdir = name, state, workdir
+
+    def path(self, i):
+        return os.path.join(self.workdir, f"{self.name}-{i}")
+
+    def close(self):
+        pass
+
+
+class TorchSave(Method):
+    def save(self, i):
+        path = self.path(i) + ".pt"
+        t0 = time.perf_counter()
+        with open(path, "wb") as f:
+            torch.save(self.state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_dir(self.workdir)
+        total = time.perf_counter() - t0
+        return total, total, path
+
+    def load(self, path):
+        loaded = torch.load(path, weights_only=True)
+        for dst, src in zip(tensors_of(self.state), tensors_of(loaded)):
+            dst.copy_(src)
+
+
+class DcpSave(Method):
+    def __init__(self, name, state, workdir):
+        super().__init__(name, state, workdir)
+        import torch.distributed.checkpoint as dcp
+        self.dcp = dcp
+
+    def save(self, i):
+        path = self.path(i)
+        t0 = time.perf_counter()
+        self.dcp.save(self.state, checkpoint_id=path, no_dist=True)
+        total = time.perf_counter() - t0
+        return total, total, path
+
+    def load(self, path):
+        self.dcp.load(self.state, checkpoint_id=path, no_dist=True)
+
+
+class DcpAsync(DcpSave):
+    def __init__(self, name, state, workdir):
+        super().__init__(name, state, workdir)
+        from torch.distributed.checkpoint import staging
+        self.kwargs = {}
+        self.stager = None
+        if name == "dcp.async.stager":
+            # The reusable pinned stager (pinned memory needs CUDA: off on a CPU-only machine).
+            pinned = torch.cuda.is_available()
+            self.stager = staging.DefaultStager(staging.StagingOptions(
+                use_pinned_memory=pinned, use_shared_memory=True, use_async_staging=True,
+                use_non_blocking_copy=pinned))
+            self.kwargs["async_stager"] = self.stager
+
+    def save(self, i):
+        path = self.path(i)
+        kwargs = dict(self.kwargs)
+        if self.name == "dcp.async.cached":
+            kwargs["storage_writer"] = self.dcp.FileSystemWriter(path, cache_staged_state_dict=True)
+        t0 = time.perf_counter()
+        result = self.dcp.async_save(self.state, checkpoint_id=path, no_dist=True, **kwargs)
+        if hasattr(result, "staging_completion"):  # AsyncSaveResponse: staging in background
+            result.staging_completion.result()
+            stall = time.perf_counter() - t0
+            result.upload_completion.result()
+        else:
+            stall = time.perf_counter() - t0
+            result.result()
+        return stall, time.perf_counter() - t0, path
+
+    def close(self):
+        if self.stager is not None:
+            self.stager.close()
+
+
+class Tsnap(Method):
+    def __init__(self, name, state, workdir):
+        super().__init__(name, state, workdir)
+        import tsnap
+        self.tsnap = tsnap
+        self.snap = tsnap.Snapshotter(workdir)
+        self.dtype = torch.bfloat16 if name == "tsnap.bf16" else None
+        self.engine = None
+
+    def save(self, i):
+        name = f"{self.name}-{i}"
+        t0 = time.perf_counter()
+        h = self.snap.save_async(name, self.state, dtype=self.dtype)
+        stall = time.perf_counter() - t0
+        h.wait()
+        total = time.perf_counter() - t0
+        self.engine = h.stats.engine + ("+O_DIRECT" if h.stats.direct else "")
+        return stall, total, h.path
+
+    def load(self, path):
+        self.tsnap.load_into(path, self.state)
+
+    def close(self):
+        self.snap.close()
+
+
+CLASSES = {"torch.save": TorchSave, "dcp.save": DcpSave, "dcp.async": DcpAsync,
+           "dcp.async.cached": DcpAsync, "dcp.async.stager": DcpAsync, "tsnap": Tsnap,
+           "tsnap.bf16": Tsnap}
+
+
+def remove(path):
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    elif os.path.exists(path):
+        os.remove(path)
+
+
+def run_worker(method, size_mb, repeat, workdir):
+    warnings.simplefilter("ignore")
+    state = make_state(size_mb)
+    nbytes = state_bytes(state)
+    gc.collect()
+    rss_base = proc_status("VmRSS")
+    reset_peak_rss()
+    m = CLASSES[method](method, state, workdir)
+    stalls, totals, rss = [], [], []
+    last = None
+    for i in range(repeat):
+        stall, total, path = m.save(i)
+        stalls.append(stall)
+        totals.append(total)
+        rss.append(proc_status("VmRSS"))
+        if last is not None:
+            remove(last)
+        last = path
+    peak = proc_status("VmHWM")
+    drop_page_cache(last)
+    t0 = time.perf_counter()
+    m.load(last)
+    load_s = time.perf_counter() - t0
+    m.close()
+    remove(last)
+    return {"method": method, "label": METHODS[method], "bytes": nbytes, "repeat": repeat,
+            "stall_s": stalls, "durable_s": totals, "rss_after_save": rss,
+            "rss_base": rss_base, "rss_peak": peak, "load_s": load_s,
+            "engine": getattr(m, "engine", None), "torch": torch.__version__}
+
+
+def summarize(r):
+    med = statistics.median
+    return {"stall_s": med(r["stall_s"]), "durable_s": med(r["durable_s"]),
+            "gbps": r["bytes"] / med(r["durable_s"]) / 1e9,
+            "growth_mb": (r["rss_after_save"][-1] - r["rss_after_save"][0]) / 1e6,
+            "peak_mb": (r["rss_peak"] - r["rss_base"]) / 1e6, "load_s": r["load_s"]}
+
+
+def table(results):
+    lines = ["| method | stall s | durable s | GB/s | RSS growth MB (save 1 -> last) | "
+             "peak extra RSS MB | load s |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['label']} | failed: {r['error']} | | | | | |")
+            continue
+        s = summarize(r)
+        lines.append(f"| {r['label']} | {s['stall_s']:.3f} | {s['durable_s']:.3f} | "
+                     f"{s['gbps']:.2f} | {s['growth_mb']:+.0f} | {s['peak_mb']:.0f} | "
+                     f"{s['load_s']:.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m tsnap.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size-mb", type=int, default=256, help="state size in MB (default 256)")
+    p.add_argument("--repeat", type=int, default=5, help="saves per method (default 5)")
+    p.add_argument("--dir", default=None, help="where to write (default: a temporary directory "
+                   "under the current one, removed afterwards)")
+    # DCP's cached staging pins memory, which needs CUDA.
+    default = [m for m in METHODS if m != "dcp.async.cached" or torch.cuda.is_available()]
+    p.add_argument("--methods", default=",".join(default),
+                   help=f"comma-separated, of: {', '.join(METHODS)}")
+    p.add_argument("--json", default=None, help="also write every figure to this file")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    if args.worker:
+        print(json.dumps(run_worker(args.worker, args.size_mb, args.repeat, args.dir)))
+        return 0
+    methods = [m for m in args.methods.split(",") if m]
+    for m in methods:
+        if m not in METHODS:
+            p.error(f"unknown method '{m}'")
+    os.makedirs(args.dir or ".", exist_ok=True)
+    top = tempfile.mkdtemp(prefix="tsnap-bench-", dir=args.dir or ".")
+    results = []
+    try:
+        for m in methods:
+            workdir = os.path.join(top, m)
+            os.makedirs(workdir)
+            cmd = [sys.executable, "-m", "tsnap.bench", "--worker", m, "--size-mb",
+                   str(args.size_mb), "--repeat", str(args.repeat), "--dir", workdir]
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode != 0:
+                err = (r.stderr.strip().splitlines() or ["?"])[-1][:120]
+                results.append({"method": m, "label": METHODS[m], "error": err})
+            else:
+                results.append(json.loads(r.stdout.strip().splitlines()[-1]))
+            print(f"{m}: done", file=sys.stderr)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+    ok = [r for r in results if "error" not in r]
+    if ok:
+        print(f"state: {ok[0]['bytes'] / 1e9:.2f} GB (GPT-2 shaped model + Adam moments, fp32), "
+              f"{args.repeat} saves per method, medians; torch {ok[0]['torch']}; tsnap engine "
+              f"{next((r['engine'] for r in ok if r['engine']), '-')}")
+    print(table(results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

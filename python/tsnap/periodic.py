@@ -1,0 +1,102 @@
+"""Periodic snapshots for Python training loops, backed by tsnap's C++ hook."""
+
+import json
+
+from . import _C
+from ._api import _saved_metadata, _user_metadata
+from ._tree import TREE_KEY, unflatten
+
+
+class PeriodicSnapshots:
+    """Takes snapshots of ``make_state()`` every N steps, every T seconds and on signals.
+
+    ::
+
+        snap = tsnap.Snapshotter("runs/exp1")
+        hook = tsnap.PeriodicSnapshots(
+            snap, lambda: {"model": model.state_dict(), "optim": opt.state_dict()},
+            every_steps=500, every_seconds=600, on_signals=[signal.SIGTERM], keep_last=3)
+        step = hook.resume(lambda s: (model.load_state_dict(s["model"]),
+                                      opt.load_state_dict(s["optim"])))  # 0 when nothing
+        while step < total:
+            train_step()
+            step += 1
+            hook.after_step(step)      # saves when due: blocks for the staging copy only
+            if hook.stop_requested:    # a signal came: the final snapshot is committed
+                break
+        hook.finish()                  # waits for the save in flight; raises its error
+
+    Snapshots are named ``step-%08d`` under the Snapshotter's root, with ``{"step": step}``
+    added to their metadata. ``keep_last`` / ``keep_every_steps``: retention after each commit.
+    ``when_busy``: 'skip' a snapshot that is due while the previous one is writing, or 'wait'.
+    ``staging='lazy'``: call ``before_optimizer_step()`` before the tensors next change.
+    ``log``: one line per event on stderr (False: none). The C++ hook owns the timer, the
+    signal handlers (the previous ones are restored by ``close()``) and retention; every save
+    starts on the training thread inside ``after_step`` (the only place ``make_state`` runs).
+    The Snapshotter must stay open while the hook lives.
+    """
+
+    def __init__(self, snapshotter, make_state, *, every_steps=0, every_seconds=0.0,
+                 on_signals=(), keep_last=0, keep_every_steps=0, dtype=None, staging="eager",
+                 when_busy="skip", metadata=None, log=True):
+        if when_busy not in ("skip", "wait"):
+            raise ValueError(f"tsnap: when_busy must be 'skip' or 'wait', not {when_busy!r}")
+        self._make_state = make_state
+        self._metadata = metadata
+
+        def make():
+            return _saved_metadata(self._make_state(), self._metadata)
+
+        self._h = _C.PeriodicSnapshots(
+            snapshotter._s, make, int(every_steps), float(every_seconds),
+            [int(s) for s in on_signals], int(keep_last), int(keep_every_steps), dtype, staging,
+            when_busy == "wait", bool(log))
+
+    def resume(self, apply):
+        """Loads the newest valid snapshot (by step; corrupt ones are skipped), calls
+        ``apply(state)`` with it (the structure ``make_state`` returned) and returns its step;
+        returns 0 without calling ``apply`` when there is none."""
+
+        def on_checkpoint(tensors, meta_text):
+            meta = json.loads(meta_text)
+            state = unflatten(meta[TREE_KEY], tensors) if TREE_KEY in meta else tensors
+            self.resumed_metadata = _user_metadata(meta)
+            apply(state)
+
+        return self._h.resume(on_checkpoint)
+
+    def after_step(self, step):
+        """Reports that ``step`` steps are complete; saves when one is due."""
+        self._h.after_step(int(step))
+
+    def before_optimizer_step(self):
+        """Lazy staging: waits until the last snapshot is staged."""
+        self._h.before_optimizer_step()
+
+    @property
+    def stop_requested(self):
+        """True once a signal came and its final snapshot committed (or failed)."""
+        return self._h.stop_requested
+
+    @property
+    def stop_signal(self):
+        """The signal that stopped training, 0 while none has."""
+        return self._h.stop_signal
+
+    def finish(self):
+        """Waits for the save in flight; returns the stats (snapshots, skipped, failed,
+        stall_s, bytes); raises the first background save error not raised yet."""
+        return self._h.finish()
+
+    def stats(self):
+        return self._h.stats()
+
+    def close(self):
+        """Waits for the save in flight, stops the hook's thread, restores signal handlers."""
+        self._h.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
