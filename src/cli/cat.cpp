@@ -24,6 +24,7 @@
 #include "cli/commands.h"
 #include "cli/keys.h"
 #include "cli/output.h"
+#include "format/layout.h"
 #include "tsnap/error.h"
 #include "tsnap/reader.h"
 
@@ -39,6 +40,7 @@ constexpr size_t kLineWidth = 80;
 struct CatOptions {
   fs::path snapshot;
   std::string key;
+  std::string object;  // KEY is this checkpoint object's
   std::string rows;  // "START:END"
   bool full = false;
   bool no_verify = false;
@@ -178,7 +180,12 @@ std::string stats_text(const at::Tensor& t) {
 
 int run_cat(const CatOptions& options) {
   const SnapshotReader reader = open(options.snapshot, {.verify = !options.no_verify});
-  const KeyView key = key_view(reader.manifest(), options.key, options.snapshot);
+  std::string name = options.key;
+  if (!options.object.empty()) {
+    format::check_object(reader.keys(), options.object, options.snapshot.string());
+    name = options.object + "/" + options.key;
+  }
+  const KeyView key = key_view(reader.manifest(), name, options.snapshot);
   const TensorRecord& r = *key.pieces.front();
   std::optional<std::pair<int64_t, int64_t>> rows;
   std::string rows_text;
@@ -236,6 +243,9 @@ Command add_cat(CLI::App& app) {
       ->required()
       ->type_name("DIR");
   sub->add_option("KEY", options->key, "Tensor name (see `tsnap inspect`)")->required();
+  sub->add_option("--object", options->object,
+                  "KEY is checkpoint object NAME's (reads 'NAME/KEY')")
+      ->type_name("NAME");
   sub->add_option("--rows", options->rows, "Only rows [START, END) along dimension 0")
       ->type_name("START:END");
   sub->add_flag("--full", options->full, "Print every value, however many");

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "cli/commands.h"
 #include "cli/keys.h"
 #include "cli/output.h"
+#include "format/layout.h"
 #include "tsnap/reader.h"
 
 namespace tsnap::cli {
@@ -34,7 +36,22 @@ struct DiffOptions {
   fs::path a, b;
   double atol = 0;
   bool no_verify = false;
+  std::string object, a_object, b_object;  // compare these checkpoint objects' keys
 };
+
+// The keys of one side: every key, or those of checkpoint object `object` without its prefix;
+// by the name shown, the key stored.
+std::map<std::string, std::string> side_keys(const SnapshotReader& r, const std::string& object,
+                                             const fs::path& snapshot) {
+  std::map<std::string, std::string> out;
+  const std::vector<std::string> keys = r.keys();
+  if (!object.empty()) format::check_object(keys, object, snapshot.string());
+  const std::string prefix = object.empty() ? "" : object + "/";
+  for (const std::string& k : keys) {
+    if (k.compare(0, prefix.size(), prefix) == 0) out.emplace(k.substr(prefix.size()), k);
+  }
+  return out;
+}
 
 struct Difference {
   double max_abs = 0;  ///< inf where one side is nan and the other not, or infinities differ
@@ -73,28 +90,33 @@ std::string number(double v) {
 int run_diff(const DiffOptions& options) {
   const SnapshotReader ra = open(options.a, {.verify = !options.no_verify});
   const SnapshotReader rb = open(options.b, {.verify = !options.no_verify});
-  std::vector<std::string> keys = ra.keys();
-  for (const std::string& k : rb.keys()) {
-    if (!ra.contains(k)) keys.push_back(k);
+  const auto in_a = side_keys(ra, options.a_object.empty() ? options.object : options.a_object,
+                              options.a);
+  const auto in_b = side_keys(rb, options.b_object.empty() ? options.object : options.b_object,
+                              options.b);
+  std::vector<std::string> keys;
+  for (const auto& [k, stored] : in_a) keys.push_back(k);
+  for (const auto& [k, stored] : in_b) {
+    if (in_a.count(k) == 0) keys.push_back(k);
   }
   std::sort(keys.begin(), keys.end());
 
   Table table({"", "TENSOR", "DIFFERENCE"});
   int64_t only_a = 0, only_b = 0, differ = 0, common = 0;
   for (const std::string& k : keys) {
-    if (!rb.contains(k)) {
+    if (in_b.count(k) == 0) {
       table.add_row({"-", k, "only in A"});
       ++only_a;
       continue;
     }
-    if (!ra.contains(k)) {
+    if (in_a.count(k) == 0) {
       table.add_row({"+", k, "only in B"});
       ++only_b;
       continue;
     }
     ++common;
-    const KeyView kx = key_view(ra.manifest(), k, options.a);
-    const KeyView ky = key_view(rb.manifest(), k, options.b);
+    const KeyView kx = key_view(ra.manifest(), in_a.at(k), options.a);
+    const KeyView ky = key_view(rb.manifest(), in_b.at(k), options.b);
     const TensorRecord &x = *kx.pieces.front(), &y = *ky.pieces.front();
     std::string dtypes;
     if (x.dtype != y.dtype)
@@ -133,12 +155,22 @@ Command add_diff(CLI::App& app) {
       "List the tensors that differ between snapshots A and B: keys only in one of them (-, +), "
       "and common keys whose shape or dtype differs or whose values differ by more than --atol "
       "(!), with the largest absolute difference and how many elements differ (nan equals "
-      "nan). Exit status, like diff(1): 0 identical, 1 different (or an error).");
+      "nan). --object NAME compares checkpoint object NAME's keys of both, without the 'NAME/' "
+      "prefix; --a-object/--b-object pick one side's object, e.g. a checkpoint's model against "
+      "its export (bare keys). Exit status, like diff(1): 0 identical, 1 different (or an "
+      "error).");
   sub->add_option("A", options->a, "First snapshot directory")->required()->type_name("DIR");
   sub->add_option("B", options->b, "Second snapshot directory")->required()->type_name("DIR");
   sub->add_option("--atol", options->atol, "Values within this absolute difference are equal")
       ->check(CLI::NonNegativeNumber);
   sub->add_flag("--no-verify", options->no_verify, "Do not check the chunks' hashes");
+  sub->add_option("--object", options->object,
+                  "Compare only checkpoint object NAME's keys ('NAME/KEY' shown as 'KEY')")
+      ->type_name("NAME");
+  sub->add_option("--a-object", options->a_object,
+                  "Object of A to compare (e.g. against B's bare keys: an export)")
+      ->type_name("NAME");
+  sub->add_option("--b-object", options->b_object, "Object of B to compare")->type_name("NAME");
   return {sub, [options] { return run_diff(*options); }};
 }
 

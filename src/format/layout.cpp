@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 #include <mutex>
@@ -143,6 +144,30 @@ std::optional<int64_t> parse_utc_timestamp(const std::string& text) {
 bool newer(const SnapshotAge& a, const SnapshotAge& b) {
   if (a.step != b.step) return !b.step || (a.step && *a.step > *b.step);
   return a.created_unix_ns > b.created_unix_ns;
+}
+
+std::vector<std::string> objects_of(const std::vector<std::string>& keys) {
+  std::vector<std::string> out;
+  for (const std::string& key : keys) {
+    const size_t slash = key.find('/');
+    if (slash != std::string::npos) out.push_back(key.substr(0, slash));
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+void check_object(const std::vector<std::string>& keys, const std::string& object,
+                  const std::string& snapshot) {
+  const std::vector<std::string> objects = objects_of(keys);
+  if (std::binary_search(objects.begin(), objects.end(), object)) return;
+  std::string list;
+  for (const std::string& o : objects) list += (list.empty() ? "" : ", ") + o;
+  throw_error(
+      ErrorCode::kKeyNotFound,
+      "snapshot " + snapshot + " has no object '" + object + "' (no key starts with '" + object +
+          "/'); " +
+          (objects.empty() ? "it has no keys of the form OBJECT/KEY" : "its objects: " + list));
 }
 
 }  // namespace tsnap::format

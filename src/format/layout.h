@@ -12,6 +12,7 @@
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace tsnap::format {
 
@@ -64,5 +65,14 @@ struct SnapshotAge {
 
 /// True if `a` is newer than `b` (used by `latest()` and `PeriodicSnapshots::resume`).
 bool newer(const SnapshotAge& a, const SnapshotAge& b);
+
+/// Checkpoint objects: keys "<object>/<key>". The objects among `keys` (the part before the
+/// first '/'), sorted, without repeats.
+std::vector<std::string> objects_of(const std::vector<std::string>& keys);
+
+/// Throws InvalidArgument(kKeyNotFound) when no key of `keys` (of the snapshot `snapshot`) is
+/// under "<object>/", naming the objects there are.
+void check_object(const std::vector<std::string>& keys, const std::string& object,
+                  const std::string& snapshot);
 
 }  // namespace tsnap::format

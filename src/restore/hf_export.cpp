@@ -22,7 +22,6 @@
 #include <cerrno>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -149,23 +148,6 @@ void prepare(StateDict& state, const fs::path& snapshot, const HfExportOptions& 
   }
 }
 
-// Throws kKeyNotFound, naming the objects there are, when no key of the snapshot is under
-// "<object>/".
-void check_object(const fs::path& snapshot, const std::string& object) {
-  std::set<std::string> objects;
-  for (const TensorRecord& t : read_manifest(snapshot).tensors) {
-    const size_t slash = t.name.find('/');
-    if (slash != std::string::npos) objects.insert(t.name.substr(0, slash));
-  }
-  if (objects.count(object) != 0) return;
-  std::string list;
-  for (const std::string& o : objects) list += (list.empty() ? "" : ", ") + o;
-  throw_error(
-      ErrorCode::kKeyNotFound,
-      "snapshot " + snapshot.string() + " has no object '" + object + "' (no key starts with '" +
-          object + "/'); " +
-          (objects.empty() ? "it has no keys of the form OBJECT/KEY" : "its objects: " + list));
-}
 
 // Whether the snapshot's shard files can be the export's files as they are: every key whole
 // and kept in its stored dtype, every file within max_shard_size.
@@ -285,8 +267,12 @@ HfExportResult export_hf(const fs::path& snapshot, const fs::path& out,
                 target.string() + " already exists; pass overwrite to replace it");
   }
 
-  if (!options.object.empty()) check_object(snapshot, options.object);
   const Manifest manifest = read_manifest(snapshot);
+  if (!options.object.empty()) {
+    std::vector<std::string> keys;
+    for (const TensorRecord& t : manifest.tensors) keys.push_back(t.name);
+    format::check_object(keys, options.object, snapshot.string());
+  }
   const bool link = linkable(manifest, options);
   if (link) check_intact(snapshot);
 

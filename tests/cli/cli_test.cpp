@@ -88,6 +88,28 @@ TEST_F(Cli, ExportHfOneObjectAsBf16) {
   EXPECT_EQ(tsnap_cli("export --hf x " + quoted(snap()) + " --dtype i8").status, 2);
 }
 
+TEST_F(Cli, CatAndDiffAddressAnObjectOfACheckpoint) {
+  const ToolRun cat = tsnap_cli("cat " + quoted(snap()) + " fc1.bias --object model");
+  EXPECT_EQ(cat.status, 0) << cat.output;
+  EXPECT_TRUE(has(cat.output, "model/fc1.bias")) << cat.output;
+  const ToolRun none = tsnap_cli("cat " + quoted(snap()) + " fc1.bias --object modle");
+  EXPECT_EQ(none.status, 1) << none.output;
+  EXPECT_TRUE(has(none.output, "its objects: model, optimizer")) << none.output;
+
+  // A checkpoint's model against a snapshot of the model alone (bare keys).
+  save(root() / "bare", load(snap(), {.key_prefix = "model/"}));
+  const ToolRun same =
+      tsnap_cli("diff " + quoted(snap()) + " " + quoted(root() / "bare") + " --a-object model");
+  EXPECT_EQ(same.status, 0) << same.output;
+  EXPECT_TRUE(has(same.output, "identical: 2 tensors")) << same.output;
+  const ToolRun both = tsnap_cli("diff " + quoted(snap()) + " " + quoted(snap()) +
+                                 " --object optimizer");
+  EXPECT_EQ(both.status, 0) << both.output;
+  EXPECT_TRUE(has(both.output, "identical: 1 tensor")) << both.output;
+  const ToolRun all = tsnap_cli("diff " + quoted(snap()) + " " + quoted(root() / "bare"));
+  EXPECT_EQ(all.status, 1) << all.output;  // prefixed against bare: nothing in common
+}
+
 TEST_F(Cli, LsOfASnapshotSaysItIsOne) {
   const ToolRun run = tsnap_cli("ls " + quoted(snap()));
   EXPECT_EQ(run.status, 0) << run.output;
