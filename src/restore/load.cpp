@@ -9,6 +9,7 @@
 #include "common/glob.h"
 #include "format/dtype.h"
 #include "format/manifest_io.h"
+#include "restore/file_image.h"
 #include "restore/read_chunks.h"
 #include "restore/read_plan.h"
 #include "restore/read_snapshot.h"
@@ -161,8 +162,8 @@ StateDict load(const std::filesystem::path& path, const LoadOptions& options) {
       }
       const std::vector<int64_t>& global = restore::global_shape_of(*pieces[0]);
       const restore::Box whole{std::vector<int64_t>(global.size(), 0), global};
-      if (const auto why = add_box_targets(pieces, global, whole, nullptr, pieces[0]->dtype,
-                                           &targets)) {
+      if (const auto why =
+              add_box_targets(pieces, global, whole, nullptr, pieces[0]->dtype, &targets)) {
         throw_error(ErrorCode::kUnsupported, "tensor '" + k + "' cannot be assembled: " + *why +
                                                  "; load the pieces you need with load_into "
                                                  "and ShardSpec destinations");
@@ -174,11 +175,22 @@ StateDict load(const std::filesystem::path& path, const LoadOptions& options) {
     std::vector<const TensorRecord*> records;
     for (const restore::Target& t : targets) records.push_back(t.record);
     restore::OpenedShards opened = restore::open_shards(dir, m, records);
+    // Keys taken whole in their stored dtype are read straight into images of their files
+    // (views, no copy); the others get tensors of their own that the reads are copied into.
+    restore::ReadPlan plan = restore::plan_reads(m, targets, options.verify);
+    const std::vector<std::shared_ptr<detail::AnonMemory>> images =
+        restore::read_into_images(plan, targets);
     StateDict result;
     for (size_t i = 0; i < targets.size();) {
       const TensorRecord& r = *targets[i].record;
       const bool whole = targets[i].runs.empty() && index.at(r.name).size() == 1;
-      at::Tensor t = allocate(r, whole ? r.shape : restore::global_shape_of(r));
+      at::Tensor t;
+      if (const std::shared_ptr<detail::AnonMemory>& image = images[i]) {
+        t = at::from_blob(
+            targets[i].data, r.shape, [image](void*) {}, at::TensorOptions().dtype(r.dtype));
+      } else {
+        t = allocate(r, whole ? r.shape : restore::global_shape_of(r));
+      }
       result.insert(r.name.substr(options.key_prefix.size()), t).shard =
           whole ? r.shard : std::nullopt;
       for (; i < targets.size() && targets[i].record->name == r.name; ++i) {
@@ -187,8 +199,7 @@ StateDict load(const std::filesystem::path& path, const LoadOptions& options) {
     }
     LoadOptions streaming = options;
     streaming.atomic = false;  // new tensors: a failed load returns nothing anyway
-    restore::read_chunks(dir, m, targets, restore::plan_reads(m, targets, options.verify),
-                         streaming, /*in_place=*/false, &opened);
+    restore::read_chunks(dir, m, targets, plan, streaming, /*in_place=*/false, &opened);
     return result;
   });
 }
@@ -201,8 +212,8 @@ LoadReport load_into_dir(const format::SnapshotDir& dir, StateDict& dest,
   const Manifest m = format::read_manifest_in(dir);
   const restore::PieceIndex index = restore::index_pieces(m);
   const std::vector<std::string> names = record_names(m);
-  const std::vector<std::string> keys = detail::select_keys(
-      dest.keys(), options.include, options.exclude, !options.allow_unmatched);
+  const std::vector<std::string> keys =
+      detail::select_keys(dest.keys(), options.include, options.exclude, !options.allow_unmatched);
 
   // Every problem is found from the manifest before any destination byte changes.
   std::vector<std::string> missing, mismatched, unusable;
@@ -243,8 +254,8 @@ LoadReport load_into_dir(const format::SnapshotDir& dir, StateDict& dest,
   const std::string where = " (snapshot " + path.string() + "); nothing was written";
   if (!missing.empty()) {
     throw_error(ErrorCode::kKeyNotFound,
-                std::to_string(missing.size()) + " destination keys are not in the snapshot: " +
-                    join(missing) + where +
+                std::to_string(missing.size()) +
+                    " destination keys are not in the snapshot: " + join(missing) + where +
                     detail::near_keys_note(options.key_prefix + missing[0], names));
   }
   if (!mismatched.empty()) {
@@ -263,10 +274,9 @@ LoadReport load_into_dir(const format::SnapshotDir& dir, StateDict& dest,
     if (!dest.contains(k)) report.not_in_destination.push_back(k);
   }
   if (options.require_every_key && !report.not_in_destination.empty()) {
-    throw_error(ErrorCode::kKeyNotFound,
-                std::to_string(report.not_in_destination.size()) +
-                    " snapshot keys have no destination: " + join(report.not_in_destination) +
-                    where);
+    throw_error(ErrorCode::kKeyNotFound, std::to_string(report.not_in_destination.size()) +
+                                             " snapshot keys have no destination: " +
+                                             join(report.not_in_destination) + where);
   }
   const restore::ReadStats stats = restore::read_chunks(
       dir, m, targets, restore::plan_reads(m, targets, options.verify), options, /*in_place=*/true);

@@ -33,16 +33,19 @@ struct Target {
   void* data = nullptr;
   at::ScalarType dtype = at::kFloat;
   std::vector<Run> runs;
+  /// The chunk reads put this target's bytes at `data` themselves (ChunkRead::dest, see
+  /// restore/file_image.h): nothing is copied for it.
+  bool read_in_place = false;
   /// Stored bytes this target reads.
   uint64_t stored_bytes() const;
 };
 
 /// A run of one target's stored bytes inside a chunk.
 struct Piece {
-  size_t target = 0;        ///< Index into the targets.
-  uint64_t chunk_off = 0;   ///< Byte offset inside what is read of the chunk.
-  uint64_t dest_off = 0;    ///< Where it goes in the target's data, in stored-dtype bytes.
-  uint64_t len = 0;         ///< Bytes, in the stored dtype.
+  size_t target = 0;       ///< Index into the targets.
+  uint64_t chunk_off = 0;  ///< Byte offset inside what is read of the chunk.
+  uint64_t dest_off = 0;   ///< Where it goes in the target's data, in stored-dtype bytes.
+  uint64_t len = 0;        ///< Bytes, in the stored dtype.
 };
 
 /// One chunk to read and what to do with it.
@@ -52,6 +55,9 @@ struct ChunkRead {
   uint64_t offset = 0;  ///< Byte offset in the file of what is read (the chunk's, if whole).
   uint64_t length = 0;  ///< Bytes read (the chunk's length, if whole).
   std::vector<Piece> pieces;
+  /// Where to read it instead of a read buffer (4096-aligned, room for `length` rounded up to
+  /// 4096), or null: set by restore/file_image.h for reads straight into new tensors.
+  uint8_t* dest = nullptr;
 };
 
 /// Every chunk a restore reads, in file order, each file's chunks ascending (sequential reads).
