@@ -9,7 +9,6 @@
 #include "common/glob.h"
 #include "format/dtype.h"
 #include "format/manifest_io.h"
-#include "restore/file_image.h"
 #include "restore/read_chunks.h"
 #include "restore/read_plan.h"
 #include "restore/read_snapshot.h"
@@ -175,22 +174,11 @@ StateDict load(const std::filesystem::path& path, const LoadOptions& options) {
     std::vector<const TensorRecord*> records;
     for (const restore::Target& t : targets) records.push_back(t.record);
     restore::OpenedShards opened = restore::open_shards(dir, m, records);
-    // Keys taken whole in their stored dtype are read straight into images of their files
-    // (views, no copy); the others get tensors of their own that the reads are copied into.
-    restore::ReadPlan plan = restore::plan_reads(m, targets, options.verify);
-    const std::vector<std::shared_ptr<detail::AnonMemory>> images =
-        restore::read_into_images(plan, targets);
     StateDict result;
     for (size_t i = 0; i < targets.size();) {
       const TensorRecord& r = *targets[i].record;
       const bool whole = targets[i].runs.empty() && index.at(r.name).size() == 1;
-      at::Tensor t;
-      if (const std::shared_ptr<detail::AnonMemory>& image = images[i]) {
-        t = at::from_blob(
-            targets[i].data, r.shape, [image](void*) {}, at::TensorOptions().dtype(r.dtype));
-      } else {
-        t = allocate(r, whole ? r.shape : restore::global_shape_of(r));
-      }
+      at::Tensor t = allocate(r, whole ? r.shape : restore::global_shape_of(r));
       result.insert(r.name.substr(options.key_prefix.size()), t).shard =
           whole ? r.shard : std::nullopt;
       for (; i < targets.size() && targets[i].record->name == r.name; ++i) {
@@ -199,7 +187,8 @@ StateDict load(const std::filesystem::path& path, const LoadOptions& options) {
     }
     LoadOptions streaming = options;
     streaming.atomic = false;  // new tensors: a failed load returns nothing anyway
-    restore::read_chunks(dir, m, targets, plan, streaming, /*in_place=*/false, &opened);
+    restore::read_chunks(dir, m, targets, restore::plan_reads(m, targets, options.verify),
+                         streaming, /*in_place=*/false, &opened);
     return result;
   });
 }

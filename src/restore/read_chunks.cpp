@@ -69,17 +69,16 @@ class ReadBuffers {
 };
 
 // Copies (or converts) bytes [lo, hi) of the chunk in `buf` into the targets of its pieces
-// that overlap them, and counts the bytes written per target. Targets read in place already
-// hold their bytes. `lo` and `hi` fall on element boundaries of every converted piece: they are
-// 0, the chunk's length, or multiples of kHashPiece, and a converted tensor starts at a multiple
-// of its element size in the file as every chunk does.
+// that overlap them, and counts the bytes written per target. `lo` and `hi` fall on element
+// boundaries of every converted piece: they are 0, the chunk's length, or multiples of kHashPiece,
+// and a converted tensor starts at a multiple of its element size in the file as every chunk does.
 void scatter(const ChunkRead& c, const uint8_t* buf, uint64_t lo, uint64_t hi,
              const std::vector<Target>& targets, std::vector<std::atomic<uint64_t>>& written) {
   for (const Piece& p : c.pieces) {
     const Target& t = targets[p.target];
     const uint64_t a = std::max(lo, p.chunk_off);
     const uint64_t b = std::min(hi, p.chunk_off + p.len);
-    if (t.read_in_place || a >= b) continue;
+    if (a >= b) continue;
     const at::ScalarType from = t.record->dtype;
     const uint8_t* src = buf + a;
     const uint64_t dest_off = p.dest_off + (a - p.chunk_off);
@@ -138,7 +137,7 @@ class Reads {
     const OpenShard& s = shards_[c.file];
     // O_DIRECT reads whole blocks; the last chunk of a file then simply reads short.
     const uint64_t len = s.direct.valid() ? align_up(c.length) : c.length;
-    engine_.read(s.fd(), data_of(job, buf), len, c.offset, -1, [this, job, buf](int result) {
+    engine_.read(s.fd(), buffers_.data(buf), len, c.offset, -1, [this, job, buf](int result) {
       // Notified under the lock: once it is released, a processor may take this last read,
       // return, and the load destroy cv_ while this (io) thread would still be notifying.
       std::lock_guard<std::mutex> lock(mu_);
@@ -192,7 +191,7 @@ class Reads {
       for (size_t i; (i = next++) < deferred_.size();) {
         const Completion& d = deferred_[i];
         const ChunkRead& c = plan_.chunks[d.job];
-        scatter(c, data_of(d.job, d.buf), 0, c.length, targets_, written_);
+        scatter(c, buffers_.data(d.buf), 0, c.length, targets_, written_);
       }
     });
   }
@@ -202,12 +201,6 @@ class Reads {
 
  private:
   bool finished() const { return pending_ == 0 && (stopped_ || next_ == plan_.chunks.size()); }
-
-  // Where chunk `job` is read: its own destination, or read buffer `buf`.
-  uint8_t* data_of(size_t job, int buf) const {
-    uint8_t* dest = plan_.chunks[job].dest;
-    return dest != nullptr ? dest : buffers_.data(buf);
-  }
 
   // The result of a finished read: an error, or a chunk cut short (truncation).
   void check_length(const Completion& d) const {
@@ -226,7 +219,7 @@ class Reads {
   void check_hash(const Completion& d) const {
     const ChunkRead& c = plan_.chunks[d.job];
     const ShardReader& r = *shards_[c.file].reader;
-    if (options_.verify && !r.chunk_ok(c.chunk, data_of(d.job, d.buf), c.length)) {
+    if (options_.verify && !r.chunk_ok(c.chunk, buffers_.data(d.buf), c.length)) {
       r.throw_hash_mismatch(c.chunk);
     }
   }
@@ -236,7 +229,7 @@ class Reads {
   // been copied into its targets, which the error then names as written.
   void hash_and_scatter(const Completion& d, format::Hash64Stream& hash) {
     const ChunkRead& c = plan_.chunks[d.job];
-    const uint8_t* data = data_of(d.job, d.buf);
+    const uint8_t* data = buffers_.data(d.buf);
     if (!options_.verify) {
       scatter(c, data, 0, c.length, targets_, written_);
       return;

@@ -8,8 +8,6 @@
 // 2. Keep up to `read_budget_bytes / chunk` whole-chunk reads in flight through an io::Engine
 //    (io_uring, or a pread pool) into aligned buffers allocated for the load (through the page
 //    cache, where reads are copies rather than waits, one buffer per core).
-//    A chunk that new tensors take whole in their stored dtype (`load`) is read straight into
-//    them instead (ChunkRead::dest, restore/file_image.h): no buffer, no copy.
 // 3. Processors (the calling thread plus one thread per further core) take finished reads one
 //    at a time, check the length (truncation), then hash (XXH3-64) and copy or convert the
 //    chunk into the targets piece by piece, each piece copied while the hash has it in the

@@ -33,9 +33,6 @@ struct Target {
   void* data = nullptr;
   at::ScalarType dtype = at::kFloat;
   std::vector<Run> runs;
-  /// The chunk reads put this target's bytes at `data` themselves (ChunkRead::dest, see
-  /// restore/file_image.h): nothing is copied for it.
-  bool read_in_place = false;
   /// Stored bytes this target reads.
   uint64_t stored_bytes() const;
 };
@@ -55,9 +52,6 @@ struct ChunkRead {
   uint64_t offset = 0;  ///< Byte offset in the file of what is read (the chunk's, if whole).
   uint64_t length = 0;  ///< Bytes read (the chunk's length, if whole).
   std::vector<Piece> pieces;
-  /// Where to read it instead of a read buffer (4096-aligned, room for `length` rounded up to
-  /// 4096), or null: set by restore/file_image.h for reads straight into new tensors.
-  uint8_t* dest = nullptr;
 };
 
 /// Every chunk a restore reads, in file order, each file's chunks ascending (sequential reads).

@@ -189,8 +189,8 @@ TEST_P(LoadPath, LoadIntoConvertsBf16AndHalfUpToTheDestinationDtype) {
 }
 
 TEST_P(LoadPath, NewTensorsKeepTheirValuesWhenTheOthersAreGone) {
-  // load reads whole tensors straight into one mapping per file (restore/file_image.h): each
-  // tensor keeps it alive, and a selective load copies into tensors of its own instead.
+  // Each new tensor owns its memory, whatever the others do; a selective load returns only
+  // the keys asked for.
   const StateDict sd = four_chunked_tensors();
   const auto path = saved("s", sd, kFourChunks);
   at::Tensor third;
