@@ -1,5 +1,5 @@
 #pragma once
-// Private anonymous memory for bulk data (staging pools, read buffers, loaded tensors): an
+// Private anonymous memory for bulk data (staging pools, read buffers): an
 // mmap'd region, optionally advised into transparent huge pages, and the means to fault pages
 // in ahead of use. Measured on this project's 2-core VM, first touches of 1.5 GB cost: 1.3-1.7 s
 // by a memset on one thread (4 KiB faults, no faster on two); 0.7 s populated in-kernel
