@@ -90,7 +90,7 @@ class ForwardingEngine : public Engine {
 };
 
 /// A pool of `threads` threads calling pwrite/pread, at background priority when `background`
-/// (common/thread_priority.h).
+/// (io/thread_priority.h).
 std::shared_ptr<Engine> make_pwrite_engine(int threads, bool background = false);
 
 /// An io_uring engine with one ring of `queue_depth` entries whose completions are reaped on

@@ -6,7 +6,7 @@
 #include <optional>
 #include <thread>
 
-#include "common/thread_priority.h"
+#include "io/thread_priority.h"
 #include "tsnap/error.h"
 
 namespace tsnap::io {
@@ -32,7 +32,7 @@ struct EngineHost::Thread {
 
   explicit Thread(bool background)
       : work(io.get_executor()), thread([this, background] {
-          if (background) detail::make_background_thread();
+          if (background) io::make_background_thread();
           io.run();
         }) {}
   ~Thread() {

@@ -22,7 +22,7 @@ struct EngineRequest {
   unsigned queue_depth = 32;  ///< io_uring ring entries.
   int io_threads = 4;         ///< Threads of the pwrite/pread engine.
   /// Run the engine's threads (the io thread, the pwrite pool) at background priority
-  /// (common/thread_priority.h).
+  /// (io/thread_priority.h).
   bool background = false;
 };
 

@@ -7,8 +7,8 @@
 #include <boost/asio/thread_pool.hpp>
 #include <cerrno>
 
-#include "common/thread_priority.h"
 #include "io/engine.h"
+#include "io/thread_priority.h"
 
 namespace tsnap::io {
 namespace {
@@ -17,8 +17,7 @@ class PwriteEngine final : public Engine {
  public:
   PwriteEngine(int threads, bool background)
       : pool_(static_cast<size_t>(threads < 1 ? 1 : threads)) {
-    if (background)
-      detail::make_background_pool(pool_, static_cast<size_t>(threads < 1 ? 1 : threads));
+    if (background) io::make_background_pool(pool_, static_cast<size_t>(threads < 1 ? 1 : threads));
   }
   ~PwriteEngine() override { pool_.join(); }
 

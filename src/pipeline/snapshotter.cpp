@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "common/sys_error.h"
-#include "common/thread_priority.h"
+#include "io/thread_priority.h"
 #include "format/layout.h"
 #include "format/manifest_io.h"
 #include "format/safetensors.h"
@@ -87,7 +87,7 @@ Snapshotter::Impl::Impl(SnapshotterOptions options) {
   res.arena = std::make_unique<tbb::task_arena>(threads);
   const size_t blocking_threads = static_cast<size_t>(o.max_in_flight) + 1;
   res.blocking = std::make_unique<boost::asio::thread_pool>(blocking_threads);
-  if (o.background_priority) detail::make_background_pool(*res.blocking, blocking_threads);
+  if (o.background_priority) io::make_background_pool(*res.blocking, blocking_threads);
   io::EngineRequest request;
   request.background = o.background_priority;
   request.kind = o.engine;

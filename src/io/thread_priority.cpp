@@ -1,4 +1,4 @@
-#include "common/thread_priority.h"
+#include "io/thread_priority.h"
 
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -11,7 +11,7 @@
 #include <condition_variable>
 #include <mutex>
 
-namespace tsnap::detail {
+namespace tsnap::io {
 namespace {
 
 // linux/ioprio.h, which older headers lack.
@@ -55,4 +55,4 @@ void make_background_pool(boost::asio::thread_pool& pool, size_t threads) {
   cv.wait(lock, [&] { return done == threads; });
 }
 
-}  // namespace tsnap::detail
+}  // namespace tsnap::io

@@ -15,7 +15,7 @@ namespace boost::asio {
 class thread_pool;
 }
 
-namespace tsnap::detail {
+namespace tsnap::io {
 
 /// Niceness added to a background thread's (capped at 19).
 inline constexpr int kBackgroundNice = 10;
@@ -28,4 +28,4 @@ void make_background_thread();
 /// all have; the pool must have exactly that many threads and nothing else queued that waits).
 void make_background_pool(boost::asio::thread_pool& pool, size_t threads);
 
-}  // namespace tsnap::detail
+}  // namespace tsnap::io

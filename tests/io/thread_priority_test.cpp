@@ -1,7 +1,7 @@
 // Background priority: a thread made a background thread runs at a higher niceness and the
 // lowest best-effort I/O priority; each thread of a pool is made one exactly once.
 
-#include "common/thread_priority.h"
+#include "io/thread_priority.h"
 
 #include <gtest/gtest.h>
 #include <sys/resource.h>
@@ -14,7 +14,7 @@
 #include <future>
 #include <thread>
 
-namespace tsnap::detail {
+namespace tsnap::io {
 namespace {
 
 struct Priorities {
@@ -57,4 +57,4 @@ TEST(ThreadPriority, EveryThreadOfAPoolBecomesABackgroundThread) {
 }
 
 }  // namespace
-}  // namespace tsnap::detail
+}  // namespace tsnap::io
