@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "common/anon_memory.h"
 #include "io/fd.h"
 
 namespace fs = std::filesystem;
@@ -63,12 +64,19 @@ double process_cpu_s() {
          ru.ru_stime.tv_usec / 1e6;
 }
 
-bool drop_caches() {
-  ::sync();
-  std::ofstream out("/proc/sys/vm/drop_caches");
-  out << "3";
-  out.flush();
-  return static_cast<bool>(out);
+void evict_from_cache(const std::string& path) {
+  int err = 0;
+  const io::UniqueFd fd = io::open_fd(path, O_RDONLY, 0, &err);
+  if (!fd.valid()) throw std::runtime_error("open " + path + ": " + std::strerror(-err));
+  ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
+}
+
+std::vector<std::string> files_under(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file()) out.push_back(e.path().string());
+  }
+  return out;
 }
 
 namespace {
@@ -107,6 +115,13 @@ double memcpy_2threads(const StateDict& sd, std::optional<at::ScalarType> dtype,
     });
   }
   for (auto& th : threads) th.join();
+  return since(t0);
+}
+
+double memset_first_touch(uint64_t bytes) {
+  const detail::AnonMemory memory(bytes, /*huge=*/true, "first-touch baseline");
+  const auto t0 = Clock::now();
+  std::memset(memory.data(), 0, memory.size());
   return since(t0);
 }
 

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,8 +46,11 @@ bool reset_peak_rss();
 /// User + system CPU time of this process so far, seconds.
 double process_cpu_s();
 
-/// sync, then drops the page cache (needs root); false where /proc/sys/vm/drop_caches refuses.
-bool drop_caches();
+/// Drops `path`'s clean pages from the page cache (posix_fadvise DONTNEED; no root needed, and
+/// other files stay cached). Throws std::runtime_error if it cannot be opened.
+void evict_from_cache(const std::string& path);
+/// The regular files under `dir`, recursively.
+std::vector<std::string> files_under(const std::filesystem::path& dir);
 
 /// Bytes of `sd`'s tensors once stored with floating tensors as `dtype` (unset keeps them).
 uint64_t output_bytes(const StateDict& sd, std::optional<at::ScalarType> dtype);
@@ -54,6 +58,11 @@ uint64_t output_bytes(const StateDict& sd, std::optional<at::ScalarType> dtype);
 /// A plain 2-thread memcpy of `sd`'s output bytes (as stored under `dtype`) into `dst`, which
 /// holds at least output_bytes(sd, dtype): the floor of a save's stall. Returns the seconds.
 double memcpy_2threads(const StateDict& sd, std::optional<at::ScalarType> dtype, uint8_t* dst);
+
+/// Maps `bytes` of fresh memory advised into huge pages and first-touches it with a memset on
+/// one thread, as staging pools were pre-faulted before they were populated in parallel in the
+/// kernel: the baseline of a Snapshotter's construction. Returns the seconds (unmapped after).
+double memset_first_touch(uint64_t bytes);
 
 /// torch::save of `sd`'s tensors (a std::vector<at::Tensor>) to `path`, then fsync; returns the
 /// seconds. The file is kept when `keep`, else removed. Throws on failure (no file is left).

@@ -144,6 +144,11 @@ void add_pipeline_options(CLI::App& app, BenchOptions& o) {
       ->capture_default_str();
   add_budget_option(app, o, "Staging budget (K/M/G suffixes); auto holds the whole snapshot", true);
   app.add_flag("--lazy", o.lazy, "Lazy staging (save_async returns before staging)");
+  app.add_option("--priority", o.priority,
+                 "Priority of the pipeline's background threads: background (lower CPU and I/O "
+                 "priority, the default) or normal")
+      ->check(CLI::IsMember({"background", "normal"}))
+      ->capture_default_str();
 }
 
 void add_run_options(CLI::App& app, BenchOptions& o, const std::string& dir_help) {
@@ -218,6 +223,7 @@ SnapshotterOptions snapshotter_options(const BenchOptions& o, uint64_t output_by
                                      : EngineKind::kAuto;
   so.direct_io = o.direct == "on";
   so.max_in_flight = 1;
+  so.background_priority = o.priority == "background";
   return so;
 }
 

@@ -37,6 +37,7 @@ struct BenchOptions {
   std::string direct = "on";
   std::string budget = "auto";  // the whole snapshot, so that the stall is the staging copy
   bool lazy = false;
+  std::string priority = "background";  // SnapshotterOptions::background_priority
   // Run (add_run_options).
   int reps = 3;
   std::string dir = ".";
@@ -82,7 +83,8 @@ void add_workload_options(CLI::App& app, BenchOptions& o);
 /// Registers --scale (the bench programs' GPT-2 small scale) into `o.size`.
 void add_scale_option(CLI::App& app, BenchOptions& o);
 
-/// Registers --threads, --chunk, --depth, --engine, --direct, --budget and --lazy into `o`.
+/// Registers --threads, --chunk, --depth, --engine, --direct, --budget, --lazy and --priority
+/// into `o`.
 void add_pipeline_options(CLI::App& app, BenchOptions& o);
 
 /// Registers --chunk (a size, multiple of 4096) into `o.chunk`.

@@ -86,8 +86,12 @@ const std::vector<Ratio>& ratios() {
       {"torch_save_vs_save", "torch::save time / tsnap save time", "torch_save", "tsnap_save",
        false},
       {"torch_save_vs_stall", "torch::save time / tsnap stall", "torch_save", "tsnap_stall", false},
-      {"load_vs_raw_read", "tsnap::load GB/s / raw read GB/s", "tsnap_load", "raw_read", true},
-      {"torch_load_vs_load", "torch::load time / tsnap::load time", "torch_load", "tsnap_load",
+      {"load_vs_raw_read", "cold tsnap::load GB/s / raw read GB/s", "tsnap_load", "raw_read", true},
+      {"torch_load_vs_load", "cold torch::load / tsnap::load time", "torch_load", "tsnap_load",
+       false},
+      {"torch_load_vs_load_warm", "warm torch::load / tsnap::load time", "torch_load_warm",
+       "tsnap_load_warm", false},
+      {"construct_vs_memset", "Snapshotter make / former memset", "construct", "first_touch",
        false},
   };
   return list;
@@ -125,8 +129,8 @@ void print_table(const BenchOptions& o, const Sweep& sweep, const StateInfo& sta
               << " s\n";
   }
   std::cout << "\npeak RSS " << human_bytes(static_cast<uint64_t>(peak_rss_kib()) * 1024)
-            << "; tsnap::load and torch::load read a warm page cache; cold restore: see "
-               "bench/restore_bench\n";
+            << "; cold loads read files evicted from the page cache (posix_fadvise), warm "
+               "ones files read once; load_into and a raw-read sweep: tsnap_bench_restore\n";
 }
 
 nlohmann::json series_json(const Measure& m) {
@@ -165,7 +169,7 @@ void print_json(const BenchOptions& o, const Sweep& sweep, const StateInfo& stat
     j["results"].push_back(p);
   }
   j["peak_rss_bytes"] = static_cast<uint64_t>(peak_rss_kib()) * 1024;
-  j["restore_cache"] = "warm";
+  j["restore_cache"] = "tsnap_load, torch_load: cold (evicted); *_warm: warm (cached)";
   std::cout << j.dump(2) << '\n';
 }
 
@@ -472,20 +476,18 @@ void print_dist_report(const BenchOptions& o, const std::vector<DistPoint>& poin
 
 void print_restore_report(const RestoreSpec& spec, const RestoreResult& r) {
   const double bytes = r.bytes;
-  auto row = [&](const std::string& name, const Series& s) { print_row(32, name, s, bytes); };
-  if (!r.cold_ok) {
-    std::printf(
-        "WARNING: cannot write /proc/sys/vm/drop_caches (not root?): the 'cold' runs "
-        "below read from the page cache and are NOT cold.\n");
-  }
+  auto row = [&](const std::string& name, const Series& s) { print_row(36, name, s, bytes); };
   std::printf(
       "snapshot: %.3f GB in %zu shards; engine %s; read budget %.0f MiB, chunk %.0f "
       "MiB\n",
       bytes / 1e9, r.shards, r.engine.c_str(), spec.read_budget / 1048576.0,
       spec.chunk / 1048576.0);
   std::printf("\nGPT-2-small + Adam restore, %d reps (median, min..max):\n", spec.reps);
-  std::printf(" cold%s:\n", r.cold_ok ? " (page cache dropped before each run)" : " (NOT COLD)");
-  row("raw O_DIRECT read", r.raw_direct);
+  std::printf(" cold (files evicted from the page cache before each run):\n");
+  for (const RestoreResult::RawRead& raw : r.raw_direct) {
+    row("raw O_DIRECT read " + std::to_string(raw.block >> 20) + "M x " + std::to_string(raw.depth),
+        raw.s);
+  }
   row("raw buffered read", r.raw_buffered);
   row("tsnap load_into [" + r.cold_engine + "]", r.cold_into);
   row("tsnap load (new tensors)", r.cold_load);
@@ -497,19 +499,23 @@ void print_restore_report(const RestoreSpec& spec, const RestoreResult& r) {
   row("tsnap load (new tensors)", r.warm_load);
   if (spec.torch) row("torch::load", r.warm_torch);
 
-  const double raw_best = std::min(r.raw_direct.median(), r.raw_buffered.median());
-  std::printf("\nratios (targets in brackets):\n");
+  const RestoreResult::RawRead& best = r.best_raw();
+  const double raw_best = best.s.median();
+  std::printf("\nratios (targets in brackets; raw = the best of the sweep, %lluM x %u):\n",
+              static_cast<unsigned long long>(best.block >> 20), best.depth);
   std::printf("  cold load_into throughput / raw   %.2f  [>= 0.9]\n",
               raw_best / r.cold_into.median());
+  std::printf("  cold load throughput / raw        %.2f  [>= 0.9]\n",
+              raw_best / r.cold_load.median());
   if (spec.torch) {
     std::printf("  cold torch::load / load_into      %.2f  [> 1]\n",
                 r.cold_torch.median() / r.cold_into.median());
+    std::printf("  cold torch::load / load           %.2f  [> 1]\n",
+                r.cold_torch.median() / r.cold_load.median());
     std::printf("  warm torch::load / load_into      %.2f  [>= 2]\n",
                 r.warm_torch.median() / r.warm_into.median());
     std::printf("  warm torch::load / load_into, no verify %.2f\n",
                 r.warm_torch.median() / r.warm_into_noverify.median());
-    std::printf("  cold torch::load / load           %.2f\n",
-                r.cold_torch.median() / r.cold_load.median());
     std::printf("  warm torch::load / load           %.2f\n",
                 r.warm_torch.median() / r.warm_load.median());
   }

@@ -1,6 +1,7 @@
 #include "bench/restore.h"
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "bench/raw_io.h"
@@ -11,6 +12,12 @@
 namespace fs = std::filesystem;
 
 namespace tsnap::bench {
+
+const RestoreResult::RawRead& RestoreResult::best_raw() const {
+  return *std::min_element(
+      raw_direct.begin(), raw_direct.end(),
+      [](const RawRead& a, const RawRead& b) { return a.s.median() < b.s.median(); });
+}
 
 RestoreResult run_restore(const RestoreSpec& spec, StateDict& state, const fs::path& work,
                           Progress& progress) {
@@ -26,19 +33,29 @@ RestoreResult run_restore(const RestoreSpec& spec, StateDict& state, const fs::p
   std::vector<std::string> shards;
   for (const FileRecord& f : manifest.files) shards.push_back((snap / f.name).string());
   if (spec.torch) torch_save_fsync(state, torch_file, true);
+  // Cold: every file of the benchmark out of the page cache (the others' files stay).
+  auto evict = [&] {
+    for (const std::string& f : files_under(work)) evict_from_cache(f);
+  };
 
-  r.cold_ok = drop_caches();
+  evict();
   const LoadOptions opts{.read_budget_bytes = spec.read_budget};
   r.engine = tsnap::load_into(snap, state, opts).engine;
-  // The raw baseline reads through an engine of the same kind, as many chunks in flight as
-  // the read budget holds, from a file of as many bytes as the snapshot's shards (not zeros).
-  const size_t nbufs = std::max<uint64_t>(1, spec.read_budget / spec.chunk);
-  RawIo raw({.uring = r.engine.rfind("io_uring", 0) == 0,
-             .depth = static_cast<unsigned>(nbufs),
-             .chunk = spec.chunk,
-             .buffers = nbufs,
-             .register_buffers = true});
-  raw.write(raw_file, r.bytes, /*direct=*/true, /*keep=*/true);
+  // The raw baseline reads through an engine of the same kind a file of as many bytes as the
+  // snapshot's shards (not zeros), at each read size and depth of the sweep.
+  std::vector<std::unique_ptr<RawIo>> raws;
+  for (const uint64_t block : {4ull << 20, 16ull << 20}) {
+    for (const unsigned depth : {16u, 32u}) {
+      r.raw_direct.push_back({block, depth, {}});
+      raws.push_back(
+          std::make_unique<RawIo>(RawIoOptions{.uring = r.engine.rfind("io_uring", 0) == 0,
+                                               .depth = depth,
+                                               .chunk = block,
+                                               .buffers = depth,
+                                               .register_buffers = true}));
+    }
+  }
+  raws.front()->write(raw_file, r.bytes, /*direct=*/true, /*keep=*/true);
 
   LoadOptions no_verify = opts;
   no_verify.verify = false;
@@ -58,16 +75,18 @@ RestoreResult run_restore(const RestoreSpec& spec, StateDict& state, const fs::p
   for (int rep = 0; rep < spec.reps; ++rep) {
     const std::string at = "rep " + std::to_string(rep + 1) + "/" + std::to_string(spec.reps);
     progress.show(at + ": cold");
-    drop_caches();
-    r.raw_direct.add(raw.read(raw_file, /*direct=*/true));
-    drop_caches();
+    for (size_t i = 0; i < raws.size(); ++i) {
+      evict();
+      r.raw_direct[i].s.add(raws[i]->read(raw_file, /*direct=*/true));
+    }
+    evict();
     r.raw_buffered.add(buffered_read(raw_file));
-    drop_caches();
+    evict();
     into(r.cold_into, &r.cold_engine);
-    drop_caches();
+    evict();
     load_new(r.cold_load);
     if (spec.torch) {
-      drop_caches();
+      evict();
       r.cold_torch.add(torch_load(torch_file));
     }
     progress.show(at + ": warm");

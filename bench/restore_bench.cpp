@@ -1,7 +1,8 @@
 // Restore benchmark (issue: fast restore). In one run, repetitions interleaved so that the
 // disk's drift hits every contender alike, for the GPT-2-small + Adam state (~1.5 GB fp32):
-// raw O_DIRECT and buffered reads, tsnap load_into and load, torch::load, cold (page cache
-// dropped: needs root) and warm (bench/restore.h). Prints medians and min..max, and the ratios
+// raw O_DIRECT reads (a sweep of read sizes and depths: the best is the baseline) and buffered
+// reads, tsnap load_into and load, torch::load, cold (files evicted from the page cache) and
+// warm (bench/restore.h). Prints medians and min..max, and the ratios
 // the restore issue targets.
 
 #include <CLI/CLI.hpp>

@@ -85,7 +85,9 @@ struct TSNAP_API LoadReport {
 /// InvalidArgument(kShapeMismatch) listing every shape/dtype mismatch; InvalidArgument for a
 /// non-contiguous or non-CPU destination, or an atomic load larger than the read budget; those
 /// of `load`. A hash or I/O failure found while reading says which destination tensors were
-/// already written (with `atomic`, none ever is).
+/// already written: their contents are then undefined (a chunk is verified as it is copied, so
+/// the failing chunk's bytes may have landed too); load again, e.g. an older snapshot. With
+/// `atomic`, nothing is written unless every chunk is verified first.
 /// Thread-safety: `dest`'s tensors must not be used by other threads during the call.
 /// Ownership: writes into `dest`'s storage; `dest` itself (its keys) is not changed.
 TSNAP_API LoadReport load_into(const std::filesystem::path& path, StateDict& dest,

@@ -23,14 +23,14 @@ class DistGroup;
 
 /// Options of a Snapshotter; fixed for its lifetime.
 struct TSNAP_API SnapshotterOptions {
-  std::filesystem::path root;                    ///< Snapshots go to `<root>/<name>/`.
+  std::filesystem::path root;  ///< Snapshots go to `<root>/<name>/`.
   /// Total size of the staging buffers, allocated once and reused by every save. 0 (default):
   /// automatic, sized at the first save to hold that save whole (its chunks), so that it
   /// stalls training for the staging copy alone, but at most a quarter of the machine's
   /// physical memory and at least 2 chunks; fixed from then on. A later, larger save waits
   /// for buffers that writes give back (SaveStats::buffer_waits, and the periodic log line).
   uint64_t staging_budget_bytes = 0;
-  uint64_t chunk_bytes = 16ull << 20;            ///< Default chunk size (multiple of 4096).
+  uint64_t chunk_bytes = 16ull << 20;  ///< Default chunk size (multiple of 4096).
   int stage_threads = 0;      ///< TBB arena size for copy/convert/hash; 0 = half the cores (>= 1).
   int io_threads = 4;         ///< Threads of the pwrite engine (and for fsyncs).
   unsigned queue_depth = 32;  ///< io_uring submission queue depth.
@@ -38,6 +38,12 @@ struct TSNAP_API SnapshotterOptions {
   bool direct_io = true;  ///< Use O_DIRECT where allowed.
   int max_in_flight = 2;  ///< Saves that may be writing at once.
   InFlightPolicy in_flight = InFlightPolicy::kWait;
+  /// Run the threads that work beside training (the io thread, which writes and hashes the
+  /// chunks; the pwrite pool; the pool that commits and runs lazy staging) at a lower CPU
+  /// priority (nice +10) and I/O priority (best-effort, lowest level), so that a training
+  /// loop's threads win the cores and the disk when they compete. Staging that the caller
+  /// waits for (eager) runs at the caller's priority either way.
+  bool background_priority = true;
   /// Set for a distributed save (see tsnap/dist_group.h): every rank of the group makes a
   /// Snapshotter on the same root (a shared filesystem) and calls save_async in the same order
   /// with the same name; each writes its pieces of sharded tensors (entries with a ShardSpec)

@@ -64,8 +64,8 @@ Command add_bench(CLI::App& app) {
   sub->footer(
       "Compares, in interleaved repetitions: the raw device (sequential write + fsync and read "
       "of an equal-size file through the same io engine, no staging), tsnap save (stall, "
-      "durable time, GB/s) and tsnap::load, torch::save + fsync and torch::load. Loads read a "
-      "warm page cache (cold restore: see bench/restore_bench). Files go to a temporary "
+      "durable time, GB/s) and tsnap::load, torch::save + fsync and torch::load. Loads run "
+      "cold (files evicted from the page cache) and warm (files read once). Files go to a temporary "
       "directory inside --dir, removed on exit.\n"
       "Examples:\n"
       "  tsnap bench --preset gpt2-small --size 0.1 --reps 2\n"

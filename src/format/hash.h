@@ -1,5 +1,5 @@
 #pragma once
-// Chunk hashing: XXH3-64 (seed 0), as recorded in the manifest.
+// Chunk hashing: XXH3-64 (seed 0), as recorded in the manifest, in one call or in pieces.
 
 #include <cstddef>
 #include <cstdint>
@@ -8,5 +8,26 @@ namespace tsnap::format {
 
 /// XXH3-64 of `n` bytes at `data`.
 uint64_t hash64(const void* data, size_t n) noexcept;
+
+/// XXH3-64 of bytes given in pieces (the same value as hash64 of their concatenation), so that
+/// a reader can hash each piece while it is in the cache for another use (the restore path
+/// hashes and copies a chunk piece by piece). Thread-safety: one thread at a time.
+/// Ownership: owns its state; reusable after reset().
+class Hash64Stream {
+ public:
+  Hash64Stream();
+  ~Hash64Stream();
+  Hash64Stream(const Hash64Stream&) = delete;
+  Hash64Stream& operator=(const Hash64Stream&) = delete;
+  /// Starts over (a new, empty input).
+  void reset() noexcept;
+  /// Appends `n` bytes at `data`.
+  void update(const void* data, size_t n) noexcept;
+  /// XXH3-64 of everything appended since the last reset.
+  uint64_t digest() const noexcept;
+
+ private:
+  void* state_;  // XXH3_state_t, aligned as xxhash needs
+};
 
 }  // namespace tsnap::format

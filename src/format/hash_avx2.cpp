@@ -12,4 +12,9 @@ namespace tsnap::format {
 
 uint64_t hash64_avx2(const void* data, size_t n) noexcept { return XXH3_64bits(data, n); }
 
+// `state` is an XXH3_state_t of hash.cpp: the same struct (one header, one layout).
+void hash64_update_avx2(void* state, const void* data, size_t n) noexcept {
+  XXH3_64bits_update(static_cast<XXH3_state_t*>(state), data, n);
+}
+
 }  // namespace tsnap::format

@@ -89,8 +89,9 @@ class ForwardingEngine : public Engine {
   std::shared_ptr<Engine> target_;
 };
 
-/// A pool of `threads` threads calling pwrite/pread.
-std::shared_ptr<Engine> make_pwrite_engine(int threads);
+/// A pool of `threads` threads calling pwrite/pread, at background priority when `background`
+/// (io/thread_priority.h).
+std::shared_ptr<Engine> make_pwrite_engine(int threads, bool background = false);
 
 /// An io_uring engine with one ring of `queue_depth` entries whose completions are reaped on
 /// `io` (through an eventfd); `io` must be run by a thread and outlive the engine.

@@ -6,6 +6,7 @@
 #include <optional>
 #include <thread>
 
+#include "io/thread_priority.h"
 #include "tsnap/error.h"
 
 namespace tsnap::io {
@@ -29,7 +30,11 @@ struct EngineHost::Thread {
   std::optional<boost::asio::executor_work_guard<boost::asio::io_context::executor_type>> work;
   std::thread thread;
 
-  Thread() : work(io.get_executor()), thread([this] { io.run(); }) {}
+  explicit Thread(bool background)
+      : work(io.get_executor()), thread([this, background] {
+          if (background) io::make_background_thread();
+          io.run();
+        }) {}
   ~Thread() {
     work.reset();
     thread.join();
@@ -45,9 +50,9 @@ EngineHost::~EngineHost() {
 
 std::string EngineHost::name() const { return engine_->name() + (direct_ ? "+O_DIRECT" : ""); }
 
-std::shared_ptr<Engine> EngineHost::start_uring(unsigned queue_depth, std::string* why) {
-  thread_ = std::make_unique<Thread>();
-  std::shared_ptr<Engine> engine = make_uring_engine(thread_->io, queue_depth, why);
+std::shared_ptr<Engine> EngineHost::start_uring(const EngineRequest& request, std::string* why) {
+  thread_ = std::make_unique<Thread>(request.background);
+  std::shared_ptr<Engine> engine = make_uring_engine(thread_->io, request.queue_depth, why);
   if (!engine) thread_.reset();
   return engine;
 }
@@ -70,11 +75,12 @@ std::unique_ptr<EngineHost> host_for_save(const EngineRequest& request, bool dir
   }
   if (request.kind != EngineKind::kPwrite) {
     std::string why;
-    host->engine_ = host->start_uring(request.queue_depth, &why);
+    host->engine_ = host->start_uring(request, &why);
     if (!host->engine_ && request.kind == EngineKind::kUring) no_uring(why);
     if (host->engine_) {
       host->direct_ = direct_io && probe_direct_io(*host->engine_, dir);
-      // kAuto: where O_DIRECT is refused (older tmpfs, some FUSE and network filesystems), the pwrite engine serves as well.
+      // kAuto: where O_DIRECT is refused (older tmpfs, some FUSE and network filesystems), the
+      // pwrite engine serves as well.
       if (!host->direct_ && request.kind == EngineKind::kAuto && direct_io) {
         host->engine_.reset();
         host->thread_.reset();
@@ -82,7 +88,7 @@ std::unique_ptr<EngineHost> host_for_save(const EngineRequest& request, bool dir
     }
   }
   if (!host->engine_) {
-    host->engine_ = make_pwrite_engine(request.io_threads);
+    host->engine_ = make_pwrite_engine(request.io_threads, request.background);
     host->direct_ = direct_io && probe_direct_io(*host->engine_, dir);
   }
   return host;
@@ -97,21 +103,21 @@ std::unique_ptr<EngineHost> host_for_load(const EngineRequest& request, bool any
   }
   if (request.kind == EngineKind::kUring || (request.kind == EngineKind::kAuto && any_direct)) {
     std::string why;
-    host->engine_ = host->start_uring(request.queue_depth, &why);
+    host->engine_ = host->start_uring(request, &why);
     if (!host->engine_ && request.kind == EngineKind::kUring) no_uring(why);
   }
-  if (!host->engine_) host->engine_ = make_pwrite_engine(request.io_threads);
+  if (!host->engine_) host->engine_ = make_pwrite_engine(request.io_threads, request.background);
   return host;
 }
 
 std::unique_ptr<EngineHost> host_of(EngineKind kind, const EngineRequest& request) {
   std::unique_ptr<EngineHost> host(new EngineHost());
   if (kind == EngineKind::kPwrite) {
-    host->engine_ = make_pwrite_engine(request.io_threads);
+    host->engine_ = make_pwrite_engine(request.io_threads, request.background);
     return host;
   }
   std::string why;
-  host->engine_ = host->start_uring(request.queue_depth, &why);
+  host->engine_ = host->start_uring(request, &why);
   if (!host->engine_) no_uring(why);
   return host;
 }

@@ -21,6 +21,9 @@ struct EngineRequest {
   EngineKind kind = EngineKind::kAuto;
   unsigned queue_depth = 32;  ///< io_uring ring entries.
   int io_threads = 4;         ///< Threads of the pwrite/pread engine.
+  /// Run the engine's threads (the io thread, the pwrite pool) at background priority
+  /// (io/thread_priority.h).
+  bool background = false;
 };
 
 class EngineHost {
@@ -43,7 +46,7 @@ class EngineHost {
   friend std::unique_ptr<EngineHost> host_for_load(const EngineRequest&, bool);
   friend std::unique_ptr<EngineHost> host_of(EngineKind, const EngineRequest&);
   // Starts the io thread and builds an io_uring engine; nullptr and `*why` when unavailable.
-  std::shared_ptr<Engine> start_uring(unsigned queue_depth, std::string* why);
+  std::shared_ptr<Engine> start_uring(const EngineRequest& request, std::string* why);
 
   std::unique_ptr<Thread> thread_;
   std::shared_ptr<Engine> engine_;

@@ -8,13 +8,17 @@
 #include <cerrno>
 
 #include "io/engine.h"
+#include "io/thread_priority.h"
 
 namespace tsnap::io {
 namespace {
 
 class PwriteEngine final : public Engine {
  public:
-  explicit PwriteEngine(int threads) : pool_(static_cast<size_t>(threads < 1 ? 1 : threads)) {}
+  PwriteEngine(int threads, bool background)
+      : pool_(static_cast<size_t>(threads < 1 ? 1 : threads)) {
+    if (background) io::make_background_pool(pool_, static_cast<size_t>(threads < 1 ? 1 : threads));
+  }
   ~PwriteEngine() override { pool_.join(); }
 
   std::string name() const override { return "pwrite"; }
@@ -62,8 +66,8 @@ class PwriteEngine final : public Engine {
 
 }  // namespace
 
-std::shared_ptr<Engine> make_pwrite_engine(int threads) {
-  return std::make_shared<PwriteEngine>(threads);
+std::shared_ptr<Engine> make_pwrite_engine(int threads, bool background) {
+  return std::make_shared<PwriteEngine>(threads, background);
 }
 
 }  // namespace tsnap::io

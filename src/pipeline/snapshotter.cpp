@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "common/sys_error.h"
+#include "io/thread_priority.h"
 #include "format/layout.h"
 #include "format/manifest_io.h"
 #include "format/safetensors.h"
@@ -84,9 +85,11 @@ Snapshotter::Impl::Impl(SnapshotterOptions options) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = o.stage_threads > 0 ? o.stage_threads : std::max(1, cores / 2);
   res.arena = std::make_unique<tbb::task_arena>(threads);
-  res.blocking =
-      std::make_unique<boost::asio::thread_pool>(static_cast<size_t>(o.max_in_flight) + 1);
+  const size_t blocking_threads = static_cast<size_t>(o.max_in_flight) + 1;
+  res.blocking = std::make_unique<boost::asio::thread_pool>(blocking_threads);
+  if (o.background_priority) io::make_background_pool(*res.blocking, blocking_threads);
   io::EngineRequest request;
+  request.background = o.background_priority;
   request.kind = o.engine;
   request.queue_depth = o.queue_depth;
   request.io_threads = o.io_threads;

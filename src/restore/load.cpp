@@ -161,8 +161,8 @@ StateDict load(const std::filesystem::path& path, const LoadOptions& options) {
       }
       const std::vector<int64_t>& global = restore::global_shape_of(*pieces[0]);
       const restore::Box whole{std::vector<int64_t>(global.size(), 0), global};
-      if (const auto why = add_box_targets(pieces, global, whole, nullptr, pieces[0]->dtype,
-                                           &targets)) {
+      if (const auto why =
+              add_box_targets(pieces, global, whole, nullptr, pieces[0]->dtype, &targets)) {
         throw_error(ErrorCode::kUnsupported, "tensor '" + k + "' cannot be assembled: " + *why +
                                                  "; load the pieces you need with load_into "
                                                  "and ShardSpec destinations");
@@ -201,8 +201,8 @@ LoadReport load_into_dir(const format::SnapshotDir& dir, StateDict& dest,
   const Manifest m = format::read_manifest_in(dir);
   const restore::PieceIndex index = restore::index_pieces(m);
   const std::vector<std::string> names = record_names(m);
-  const std::vector<std::string> keys = detail::select_keys(
-      dest.keys(), options.include, options.exclude, !options.allow_unmatched);
+  const std::vector<std::string> keys =
+      detail::select_keys(dest.keys(), options.include, options.exclude, !options.allow_unmatched);
 
   // Every problem is found from the manifest before any destination byte changes.
   std::vector<std::string> missing, mismatched, unusable;
@@ -243,8 +243,8 @@ LoadReport load_into_dir(const format::SnapshotDir& dir, StateDict& dest,
   const std::string where = " (snapshot " + path.string() + "); nothing was written";
   if (!missing.empty()) {
     throw_error(ErrorCode::kKeyNotFound,
-                std::to_string(missing.size()) + " destination keys are not in the snapshot: " +
-                    join(missing) + where +
+                std::to_string(missing.size()) +
+                    " destination keys are not in the snapshot: " + join(missing) + where +
                     detail::near_keys_note(options.key_prefix + missing[0], names));
   }
   if (!mismatched.empty()) {
@@ -263,10 +263,9 @@ LoadReport load_into_dir(const format::SnapshotDir& dir, StateDict& dest,
     if (!dest.contains(k)) report.not_in_destination.push_back(k);
   }
   if (options.require_every_key && !report.not_in_destination.empty()) {
-    throw_error(ErrorCode::kKeyNotFound,
-                std::to_string(report.not_in_destination.size()) +
-                    " snapshot keys have no destination: " + join(report.not_in_destination) +
-                    where);
+    throw_error(ErrorCode::kKeyNotFound, std::to_string(report.not_in_destination.size()) +
+                                             " snapshot keys have no destination: " +
+                                             join(report.not_in_destination) + where);
   }
   const restore::ReadStats stats = restore::read_chunks(
       dir, m, targets, restore::plan_reads(m, targets, options.verify), options, /*in_place=*/true);

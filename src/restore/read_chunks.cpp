@@ -1,7 +1,6 @@
 #include "restore/read_chunks.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,9 +17,11 @@
 #include <system_error>
 #include <thread>
 
+#include "common/anon_memory.h"
 #include "common/progress_meter.h"
 #include "common/sys_error.h"
 #include "format/convert.h"
+#include "format/hash.h"
 #include "format/safetensors.h"
 #include "io/engine_host.h"
 #include "io/fd.h"
@@ -34,6 +35,9 @@ constexpr uint64_t kAlign = 4096;                       // O_DIRECT length and b
 constexpr uint64_t kMaxChunk = format::kMaxChunkBytes;  // engine reads report an int length
 constexpr double kMostlyCached = 0.5;                   // read such a file through the page cache
 constexpr size_t kMaxNamed = 100;                       // names listed in a mid-stream error
+// A verified chunk is hashed and copied in pieces of this size, each copied while the hash has
+// just brought it into the cache (L2), instead of hashing all of it and then reading it again.
+constexpr uint64_t kHashPiece = 256ull << 10;
 
 uint64_t align_up(uint64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
@@ -56,41 +60,37 @@ struct Completion {
 // page faults it in while the other reads are in flight instead of before the first one.
 class ReadBuffers {
  public:
-  ReadBuffers(size_t count, uint64_t bytes) : size_(count * bytes), bytes_(bytes) {
-    void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-      detail::throw_sys_error(-errno,
-                              "allocate " + std::to_string(size_) + " bytes of read buffers");
-    }
-    base_ = static_cast<uint8_t*>(p);
-  }
-  ~ReadBuffers() { ::munmap(base_, size_); }
-  ReadBuffers(const ReadBuffers&) = delete;
-  ReadBuffers& operator=(const ReadBuffers&) = delete;
-  uint8_t* data(int i) const { return base_ + static_cast<uint64_t>(i) * bytes_; }
+  ReadBuffers(size_t count, uint64_t bytes)
+      : memory_(count * bytes, /*huge=*/false, "read buffers"), bytes_(bytes) {}
+  uint8_t* data(int i) const { return memory_.data() + static_cast<uint64_t>(i) * bytes_; }
 
  private:
-  uint8_t* base_ = nullptr;
-  uint64_t size_;
+  detail::AnonMemory memory_;
   uint64_t bytes_;
 };
 
-// Copies (or converts) the chunk in `buf` into the targets of its pieces and counts the bytes
-// written per target.
-void scatter(const ChunkRead& c, const uint8_t* buf, const std::vector<Target>& targets,
-             std::vector<std::atomic<uint64_t>>& written) {
+// Copies (or converts) bytes [lo, hi) of the chunk in `buf` into the targets of its pieces
+// that overlap them, and counts the bytes written per target. `lo` and `hi` fall on element
+// boundaries of every converted piece: they are 0, the chunk's length, or multiples of kHashPiece,
+// and a converted tensor starts at a multiple of its element size in the file as every chunk does.
+void scatter(const ChunkRead& c, const uint8_t* buf, uint64_t lo, uint64_t hi,
+             const std::vector<Target>& targets, std::vector<std::atomic<uint64_t>>& written) {
   for (const Piece& p : c.pieces) {
     const Target& t = targets[p.target];
+    const uint64_t a = std::max(lo, p.chunk_off);
+    const uint64_t b = std::min(hi, p.chunk_off + p.len);
+    if (a >= b) continue;
     const at::ScalarType from = t.record->dtype;
-    const uint8_t* src = buf + p.chunk_off;
+    const uint8_t* src = buf + a;
+    const uint64_t dest_off = p.dest_off + (a - p.chunk_off);
     if (from == t.dtype) {
-      std::memcpy(static_cast<uint8_t*>(t.data) + p.dest_off, src, p.len);
+      std::memcpy(static_cast<uint8_t*>(t.data) + dest_off, src, b - a);
     } else {
       const uint64_t in = c10::elementSize(from);
-      uint8_t* dst = static_cast<uint8_t*>(t.data) + p.dest_off / in * c10::elementSize(t.dtype);
-      format::convert(src, from, dst, t.dtype, p.len / in);
+      uint8_t* dst = static_cast<uint8_t*>(t.data) + dest_off / in * c10::elementSize(t.dtype);
+      format::convert(src, from, dst, t.dtype, (b - a) / in);
     }
-    written[p.target].fetch_add(p.len, std::memory_order_relaxed);
+    written[p.target].fetch_add(b - a, std::memory_order_relaxed);
   }
 }
 
@@ -150,6 +150,7 @@ class Reads {
 
   // A processor's loop: returns when every read submitted is back and no more will be.
   void process() {
+    format::Hash64Stream hash;
     for (;;) {
       Completion d;
       bool skip;
@@ -164,9 +165,11 @@ class Reads {
       }
       if (!skip) {
         try {
-          check(d);
-          if (!options_.atomic) {
-            scatter(plan_.chunks[d.job], buffers_.data(d.buf), targets_, written_);
+          check_length(d);
+          if (options_.atomic) {
+            check_hash(d);
+          } else {
+            hash_and_scatter(d, hash);
           }
           progress_.done(plan_.chunks[d.job].length, /*also_staged=*/true);
         } catch (...) {
@@ -190,7 +193,8 @@ class Reads {
     on_threads(extra_threads, [&] {
       for (size_t i; (i = next++) < deferred_.size();) {
         const Completion& d = deferred_[i];
-        scatter(plan_.chunks[d.job], buffers_.data(d.buf), targets_, written_);
+        const ChunkRead& c = plan_.chunks[d.job];
+        scatter(c, buffers_.data(d.buf), 0, c.length, targets_, written_);
       }
     });
   }
@@ -201,8 +205,8 @@ class Reads {
  private:
   bool finished() const { return pending_ == 0 && (stopped_ || next_ == plan_.chunks.size()); }
 
-  // Length (truncation) and hash of a finished read.
-  void check(const Completion& d) const {
+  // The result of a finished read: an error, or a chunk cut short (truncation).
+  void check_length(const Completion& d) const {
     const ChunkRead& c = plan_.chunks[d.job];
     const ShardReader& r = *shards_[c.file].reader;
     if (d.result < 0) {
@@ -212,9 +216,35 @@ class Reads {
     if (static_cast<uint64_t>(d.result) < c.length) {
       r.throw_short_chunk(c.chunk, c.offset + static_cast<uint64_t>(d.result));
     }
+  }
+
+  // The hash of a finished read, before any of it is scattered (atomic loads).
+  void check_hash(const Completion& d) const {
+    const ChunkRead& c = plan_.chunks[d.job];
+    const ShardReader& r = *shards_[c.file].reader;
     if (options_.verify && !r.chunk_ok(c.chunk, buffers_.data(d.buf), c.length)) {
       r.throw_hash_mismatch(c.chunk);
     }
+  }
+
+  // Hashes (with verify) and scatters a finished read piece by piece, so that each piece is
+  // copied while the hash has it in the cache; then checks the hash. A chunk that fails it has
+  // been copied into its targets, which the error then names as written.
+  void hash_and_scatter(const Completion& d, format::Hash64Stream& hash) {
+    const ChunkRead& c = plan_.chunks[d.job];
+    const uint8_t* data = buffers_.data(d.buf);
+    if (!options_.verify) {
+      scatter(c, data, 0, c.length, targets_, written_);
+      return;
+    }
+    hash.reset();
+    for (uint64_t lo = 0; lo < c.length; lo += kHashPiece) {
+      const uint64_t hi = std::min(c.length, lo + kHashPiece);
+      hash.update(data + lo, hi - lo);
+      scatter(c, data, lo, hi, targets_, written_);
+    }
+    const ShardReader& r = *shards_[c.file].reader;
+    if (!r.hash_ok(c.chunk, hash.digest())) r.throw_hash_mismatch(c.chunk);
   }
 
   void fail(size_t job, std::exception_ptr e) {

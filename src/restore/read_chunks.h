@@ -9,12 +9,13 @@
 //    (io_uring, or a pread pool) into aligned buffers allocated for the load (through the page
 //    cache, where reads are copies rather than waits, one buffer per core).
 // 3. Processors (the calling thread plus one thread per further core) take finished reads one
-//    at a time, check the length (truncation) and the XXH3-64, copy or convert the chunk's
-//    pieces into the targets, and reuse the buffer for the next read. No unverified byte ever
-//    reaches a target.
+//    at a time, check the length (truncation), then hash (XXH3-64) and copy or convert the
+//    chunk into the targets piece by piece, each piece copied while the hash has it in the
+//    cache, check the hash, and reuse the buffer for the next read.
 // With `atomic` every chunk keeps its buffer until all are verified; only then are they
-// scattered. On the first failure no new read is issued, the reads in flight are drained, and
-// the error is rethrown, naming (unless atomic) the targets already written.
+// scattered, so no unverified byte ever reaches a target. Without it, the first failure (a
+// hash mismatch included: its chunk has been copied) stops new reads, the reads in flight are
+// drained, and the error is rethrown, naming the targets already written.
 
 #include <filesystem>
 #include <map>

@@ -39,10 +39,10 @@ struct Target {
 
 /// A run of one target's stored bytes inside a chunk.
 struct Piece {
-  size_t target = 0;        ///< Index into the targets.
-  uint64_t chunk_off = 0;   ///< Byte offset inside what is read of the chunk.
-  uint64_t dest_off = 0;    ///< Where it goes in the target's data, in stored-dtype bytes.
-  uint64_t len = 0;         ///< Bytes, in the stored dtype.
+  size_t target = 0;       ///< Index into the targets.
+  uint64_t chunk_off = 0;  ///< Byte offset inside what is read of the chunk.
+  uint64_t dest_off = 0;   ///< Where it goes in the target's data, in stored-dtype bytes.
+  uint64_t len = 0;        ///< Bytes, in the stored dtype.
 };
 
 /// One chunk to read and what to do with it.

@@ -84,7 +84,11 @@ uint64_t ShardReader::read_chunk(uint64_t c, uint8_t* buf, bool verify) const {
 }
 
 bool ShardReader::chunk_ok(uint64_t c, const uint8_t* buf, uint64_t len) const {
-  return c < file_.chunk_hashes.size() && format::hash64(buf, len) == file_.chunk_hashes[c];
+  return hash_ok(c, format::hash64(buf, len));
+}
+
+bool ShardReader::hash_ok(uint64_t c, uint64_t hash) const {
+  return c < file_.chunk_hashes.size() && hash == file_.chunk_hashes[c];
 }
 
 void ShardReader::throw_hash_mismatch(uint64_t c) const {

@@ -33,6 +33,8 @@ class ShardReader {
   uint64_t read_chunk(uint64_t c, uint8_t* buf, bool verify) const;
   /// Whether chunk `c` (already read into `buf`, `len` bytes) has the recorded hash.
   bool chunk_ok(uint64_t c, const uint8_t* buf, uint64_t len) const;
+  /// Whether `hash` (XXH3-64 of chunk `c`'s bytes, hashed by the caller) is the recorded one.
+  bool hash_ok(uint64_t c, uint64_t hash) const;
   /// FormatError(kHashMismatch) naming the file, chunk `c` and its offset.
   [[noreturn]] void throw_hash_mismatch(uint64_t c) const;
   /// FormatError(kTruncated): the file ended at offset `end`, inside chunk `c`.

@@ -3,7 +3,6 @@
 #include <ATen/Context.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/Allocator.h>
-#include <sys/mman.h>
 
 #include <cstring>
 
@@ -24,22 +23,16 @@ StagingPool::StagingPool(size_t count, size_t buffer_bytes, bool pinned)
     base = static_cast<uint8_t*>(dp->get());
     pinned_ctx_ = dp;
     pinned_ = true;
+    // Pre-fault every page now, so that no save pays for page faults (slow on this VM).
+    std::memset(base, 0, total);
   } else {
-    void* p = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
-      const int e = errno;
-      throw_error(ErrorCode::kIo,
-                  "cannot allocate a staging pool of " + std::to_string(total) +
-                      " bytes: " + std::strerror(e),
-                  e);
-    }
-    base = static_cast<uint8_t*>(p);
-    // Huge pages where the kernel offers them: faster pre-faulting, fewer TLB misses while
-    // staging. Advisory; ignored where unsupported.
-    (void)madvise(p, total, MADV_HUGEPAGE);
+    // Huge pages where the kernel offers them (fewer TLB misses while staging), faulted in
+    // in-kernel on every core at once (common/anon_memory.h): 0.2-0.7 s for 1.5 GB here,
+    // against 1-3 s for the memset on one thread that this replaced.
+    memory_ = std::make_unique<detail::AnonMemory>(total, /*huge=*/true, "staging pool");
+    base = memory_->data();
+    detail::populate_in_parallel(base, total);
   }
-  // Pre-fault every page now, so that no save pays for page faults (slow on this VM).
-  std::memset(base, 0, total);
   for (size_t i = 0; i < count; ++i) {
     buffers_.push_back(base + i * buffer_bytes);
     free_.push_back(static_cast<int>(count - 1 - i));
@@ -48,11 +41,7 @@ StagingPool::StagingPool(size_t count, size_t buffer_bytes, bool pinned)
 }
 
 StagingPool::~StagingPool() {
-  if (pinned_ctx_ != nullptr) {
-    delete static_cast<at::DataPtr*>(pinned_ctx_);
-  } else if (!buffers_.empty()) {
-    munmap(buffers_.front(), buffers_.size() * buffer_bytes_);
-  }
+  if (pinned_ctx_ != nullptr) delete static_cast<at::DataPtr*>(pinned_ctx_);
 }
 
 int StagingPool::acquire(bool* waited) {

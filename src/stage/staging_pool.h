@@ -1,7 +1,7 @@
 #pragma once
 // A fixed set of aligned, pre-faulted staging buffers, allocated once and reused by every save
-// (docs/architecture.md, "Memory"). Pinned host memory when LibTorch has CUDA. acquire() blocks while all
-// buffers are in use: that is the backpressure that bounds a save's memory to the budget.
+// (docs/architecture.md, "Memory"). Pinned host memory when LibTorch has CUDA. acquire() blocks
+// while all buffers are in use: that is the backpressure that bounds a save's memory to the budget.
 // Thread-safety: all methods are thread-safe. Ownership: owns the memory; buffers handed out
 // stay valid until the pool is destroyed, which must happen after every buffer is released.
 
@@ -11,6 +11,8 @@
 #include <memory>
 #include <mutex>
 #include <vector>
+
+#include "common/anon_memory.h"
 
 namespace tsnap::stage {
 
@@ -43,7 +45,8 @@ class StagingPool {
   std::vector<uint8_t*> buffers_;
   std::vector<bool> used_;
   std::vector<int> free_;
-  void* pinned_ctx_ = nullptr;  // at::DataPtr owner for pinned memory
+  void* pinned_ctx_ = nullptr;                  // at::DataPtr owner for pinned memory
+  std::unique_ptr<detail::AnonMemory> memory_;  // the buffers when not pinned
   mutable std::mutex mu_;
   std::condition_variable cv_;
 };

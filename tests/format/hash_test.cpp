@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -19,10 +20,26 @@ TEST(Hash, EqualsTheReferenceBuildForEverySize) {
   std::mt19937_64 rng(7);
   std::vector<uint8_t> buf(1 << 20);
   for (auto& b : buf) b = static_cast<uint8_t>(rng());
-  for (size_t n : {1ul, 3ul, 16ul, 17ul, 128ul, 129ul, 240ul, 241ul, 1000ul, 4096ul, 65537ul,
-                   1ul << 20}) {
+  for (size_t n :
+       {1ul, 3ul, 16ul, 17ul, 128ul, 129ul, 240ul, 241ul, 1000ul, 4096ul, 65537ul, 1ul << 20}) {
     EXPECT_EQ(hash64(buf.data(), n), XXH3_64bits(buf.data(), n)) << n;
   }
+}
+
+TEST(Hash, StreamInPiecesEqualsOneCall) {
+  std::mt19937_64 rng(11);
+  std::vector<uint8_t> buf((1 << 20) + 333);
+  for (auto& b : buf) b = static_cast<uint8_t>(rng());
+  Hash64Stream stream;
+  for (size_t piece : {1ul, 7ul, 64ul, 1000ul, 4096ul, 256ul << 10, buf.size()}) {
+    stream.reset();
+    for (size_t at = 0; at < buf.size(); at += piece) {
+      stream.update(buf.data() + at, std::min(piece, buf.size() - at));
+    }
+    EXPECT_EQ(stream.digest(), hash64(buf.data(), buf.size())) << piece;
+  }
+  stream.reset();
+  EXPECT_EQ(stream.digest(), hash64("", 0));
 }
 
 }  // namespace

@@ -1,0 +1,66 @@
+#include "common/anon_memory.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "common/sys_error.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack it, older kernels say EINVAL
+#endif
+
+namespace tsnap::detail {
+namespace {
+
+constexpr uint64_t kPage = 4096;
+
+}  // namespace
+
+AnonMemory::AnonMemory(uint64_t bytes, bool huge, const std::string& what)
+    : size_((std::max<uint64_t>(bytes, 1) + kPage - 1) / kPage * kPage) {
+  void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    throw_sys_error(-errno, "allocate " + std::to_string(size_) + " bytes of " + what);
+  }
+  base_ = static_cast<uint8_t*>(p);
+  if (huge) (void)::madvise(p, size_, MADV_HUGEPAGE);  // advisory
+}
+
+AnonMemory::~AnonMemory() { ::munmap(base_, size_); }
+
+void populate(uint8_t* p, uint64_t len) {
+  if (len == 0) return;
+  const auto start = reinterpret_cast<uintptr_t>(p) / kPage * kPage;
+  const auto end = reinterpret_cast<uintptr_t>(p) + len;
+  auto* lo = reinterpret_cast<uint8_t*>(start);
+  if (::madvise(lo, end - start, MADV_POPULATE_WRITE) == 0) return;
+  for (uintptr_t at = start; at < end; at += kPage) {
+    volatile uint8_t* b = reinterpret_cast<uint8_t*>(at);
+    *b = *b;
+  }
+}
+
+void populate_in_parallel(uint8_t* p, uint64_t len) {
+  constexpr uint64_t kMinSlice = 64ull << 20;  // not worth a thread below this
+  const uint64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const uint64_t n = std::clamp<uint64_t>(len / kMinSlice, 1, cores);
+  const uint64_t slice = (len / n + kPage - 1) / kPage * kPage;
+  std::vector<std::thread> threads;
+  for (uint64_t i = 1; i < n && i * slice < len; ++i) {
+    try {
+      threads.emplace_back([=] { populate(p + i * slice, std::min(slice, len - i * slice)); });
+    } catch (const std::system_error&) {
+      populate(p + i * slice, std::min(slice, len - i * slice));  // no thread: do it here
+    }
+  }
+  populate(p, std::min(slice, len));
+  for (std::thread& t : threads) t.join();
+}
+
+}  // namespace tsnap::detail
