@@ -506,13 +506,31 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](PySnapshotter& snapshotter, py::object make_state, int64_t every_steps,
                        double every_seconds, std::vector<int> on_signals, int keep_last,
                        int64_t keep_every_steps, const py::object& dtype,
-                       const std::string& staging, bool wait_when_busy, bool log) {
+                       const std::string& staging, bool wait_when_busy, bool log,
+                       const std::string& policies_text) {
              tsnap::ScheduleOptions schedule;
              schedule.every_steps = every_steps;
              schedule.every_seconds = every_seconds;
              schedule.on_signals = std::move(on_signals);
              schedule.keep_last = keep_last;
              schedule.keep_every_steps = keep_every_steps;
+             // The policies beyond those (ScheduleOptions' names), as a JSON object.
+             const json policies = to_json(policies_text, "policies");
+             schedule.at_steps = policies.value("at_steps", std::vector<int64_t>{});
+             schedule.continuous = policies.value("continuous", false);
+             schedule.min_interval_seconds = policies.value("min_interval_seconds", 0.0);
+             schedule.max_overhead = policies.value("max_overhead", 0.0);
+             schedule.keep_every_seconds = policies.value("keep_every_seconds", 0.0);
+             schedule.keep_best = policies.value("keep_best", 0);
+             schedule.best_metric = policies.value("best_metric", std::string());
+             const std::string mode = policies.value("best_mode", std::string("min"));
+             if (mode != "min" && mode != "max") {
+               throw tsnap::Error(tsnap::ErrorCode::kInvalidArgument,
+                                  "best_mode must be 'min' or 'max', not '" + mode + "'");
+             }
+             schedule.best_mode = mode == "max" ? tsnap::ScheduleOptions::Mode::kMax
+                                                : tsnap::ScheduleOptions::Mode::kMin;
+             schedule.keep_without_metric = policies.value("keep_without_metric", true);
              tsnap::PeriodicOptions options;
              options.save = save_options(dtype, staging, true, 0, 0);
              options.when_busy = wait_when_busy ? tsnap::WhenBusy::kWait : tsnap::WhenBusy::kSkip;

@@ -299,6 +299,26 @@ def test_periodic_hook_resume_and_retention(tmp_path):
     assert_same(dict(model.state_dict()), dict(expected))
 
 
+def test_periodic_hook_keeps_the_best_by_a_metric(tmp_path):
+    losses = {1: 0.9, 2: 0.3, 3: 0.8, 4: 0.2, 5: 0.7, 6: 0.6}
+    step = 0
+    with tsnap.Snapshotter(tmp_path) as snap:
+        x = {"w": torch.zeros(8)}
+        hook = tsnap.PeriodicSnapshots(
+            snap, lambda: x, every_steps=1, when_busy="wait", log=False,
+            keep_best=2, best_metric="val_loss", metadata=lambda: {"val_loss": losses[step]})
+        for step in range(1, 7):
+            hook.after_step(step)
+        hook.finish()
+        hook.close()
+    # The best two (steps 4 and 2) and the newest (6).
+    assert sorted(os.listdir(tmp_path)) == ["step-00000002", "step-00000004", "step-00000006"]
+    assert tsnap.metadata(os.path.join(tmp_path, "step-00000004"))["val_loss"] == 0.2
+    with pytest.raises(tsnap.InvalidArgument, match="best_metric"):
+        with tsnap.Snapshotter(tmp_path) as snap:
+            tsnap.PeriodicSnapshots(snap, lambda: x, keep_best=2, log=False)
+
+
 def test_periodic_hook_stops_on_signal(tmp_path):
     with tsnap.Snapshotter(tmp_path) as snap:
         x = {"w": torch.zeros(8)}

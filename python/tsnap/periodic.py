@@ -30,7 +30,12 @@ class PeriodicSnapshots:
     added to their metadata. ``keep_last`` / ``keep_every_steps``: retention after each commit.
     ``when_busy``: 'skip' a snapshot that is due while the previous one is writing, or 'wait'.
     ``staging='lazy'``: call ``before_optimizer_step()`` before the tensors next change.
-    ``log``: one line per event on stderr (False: none). The C++ hook owns the timer, the
+    ``log``: one line per event on stderr (False: none). Save and keep policies as in the
+    C++ ``ScheduleOptions``: ``at_steps``, ``continuous`` (+ ``min_interval_seconds``),
+    ``max_overhead`` (adaptive), ``keep_every_seconds``, ``keep_best`` by the number
+    ``best_metric`` of each snapshot's metadata (``best_mode`` 'min' or 'max',
+    ``keep_without_metric``); give ``metadata`` as a callable to report the metric at each save,
+    e.g. ``metadata=lambda: {"val_loss": last_val_loss}``. The C++ hook owns the timer, the
     signal handlers (the previous ones are restored by ``close()``) and retention; every save
     starts on the training thread inside ``after_step`` (the only place ``make_state`` runs).
     The Snapshotter must stay open while the hook lives.
@@ -38,19 +43,29 @@ class PeriodicSnapshots:
 
     def __init__(self, snapshotter, make_state, *, every_steps=0, every_seconds=0.0,
                  on_signals=(), keep_last=0, keep_every_steps=0, dtype=None, staging="eager",
-                 when_busy="skip", metadata=None, log=True):
+                 when_busy="skip", metadata=None, log=True, at_steps=(), continuous=False,
+                 min_interval_seconds=0.0, max_overhead=0.0, keep_every_seconds=0.0,
+                 keep_best=0, best_metric="", best_mode="min", keep_without_metric=True):
         if when_busy not in ("skip", "wait"):
             raise ValueError(f"tsnap: when_busy must be 'skip' or 'wait', not {when_busy!r}")
         self._make_state = make_state
         self._metadata = metadata
 
         def make():
-            return _saved_metadata(self._make_state(), self._metadata)
+            # A callable metadata is called at each save (e.g. for keep_best's metric).
+            meta = self._metadata() if callable(self._metadata) else self._metadata
+            return _saved_metadata(self._make_state(), meta)
 
+        policies = {
+            "at_steps": [int(s) for s in at_steps], "continuous": bool(continuous),
+            "min_interval_seconds": float(min_interval_seconds),
+            "max_overhead": float(max_overhead), "keep_every_seconds": float(keep_every_seconds),
+            "keep_best": int(keep_best), "best_metric": str(best_metric),
+            "best_mode": str(best_mode), "keep_without_metric": bool(keep_without_metric)}
         self._h = _C.PeriodicSnapshots(
             snapshotter._s, make, int(every_steps), float(every_seconds),
             [int(s) for s in on_signals], int(keep_last), int(keep_every_steps), dtype, staging,
-            when_busy == "wait", bool(log))
+            when_busy == "wait", bool(log), json.dumps(policies))
 
     def resume(self, apply):
         """Loads the newest valid snapshot (by step; corrupt ones are skipped), calls
