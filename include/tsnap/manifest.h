@@ -18,8 +18,10 @@
 
 namespace tsnap {
 
-/// The format this build writes; it reads this version and older.
-inline constexpr int kFormatVersion = 1;
+/// The newest format this build reads and writes. A save writes version 1 unless it reused files
+/// of an earlier snapshot (an incremental save: version 2, docs/format.md section 4); it reads
+/// every version up to this one.
+inline constexpr int kFormatVersion = 2;
 /// The manifest's `format` field.
 inline constexpr const char* kFormatName = "tsnap";
 /// The manifest's file name inside a snapshot directory.
@@ -47,11 +49,25 @@ struct TSNAP_API FileRecord {
   uint64_t chunk_bytes = 0;  ///< Chunk size (multiple of 4096); the last chunk may be short.
   std::vector<uint64_t> chunk_hashes;  ///< XXH3-64 of each chunk, in file order.
   int rank = 0;  ///< The rank that wrote it (distributed saves; 0 otherwise).
+  /// Format v2: the save id in the file's own header when it is not the manifest's: the file
+  /// keeps the layout (and header) of an earlier save's file, so that an incremental save can
+  /// reuse that file when its bytes have not changed. Empty: the manifest's id.
+  std::string tsnap_id;
+  /// Format v2, informational: the snapshot whose file this save reused whole instead of
+  /// writing it (a hard link to that file, or a copy where links are refused). Empty: this
+  /// save wrote the file.
+  std::string reused_from;
+  /// The save id that the file's header must carry.
+  const std::string& header_id(const std::string& manifest_id) const {
+    return tsnap_id.empty() ? manifest_id : tsnap_id;
+  }
 };
 
 /// The whole manifest. Value type; cheap enough to copy for tools.
 struct TSNAP_API Manifest {
-  int format_version = kFormatVersion;
+  /// As read. Writers emit the lowest version that holds the manifest: 2 when a file has
+  /// `tsnap_id` or `reused_from`, else 1.
+  int format_version = 1;
   std::string id;  ///< Unique snapshot id (also in every shard's __metadata__).
   std::string tsnap_version;
   std::string torch_version;

@@ -29,7 +29,14 @@ struct TSNAP_API SaveStats {
   /// Distributed saves: time spent waiting for the other ranks' parts (rank 0) or for rank 0's
   /// verdict, which includes its commit (other ranks); part of commit_s.
   double coordinate_s = 0;
-  uint64_t bytes = 0;         ///< Bytes written (all shard files plus manifest).
+  uint64_t bytes = 0;         ///< Bytes of the snapshot (all shard files plus manifest).
+  /// Bytes this save put on disk: `bytes` less the files an incremental save hard-linked from
+  /// the previous snapshot (SaveOptions::incremental); equal to `bytes` otherwise.
+  uint64_t written_bytes = 0;
+  uint64_t linked_bytes = 0;  ///< Bytes of the files hard-linked from the previous snapshot.
+  /// Incremental saves: bytes of the chunks found equal to the previous snapshot's, which were
+  /// not written from the staging buffers (linked, or copied by the kernel).
+  uint64_t reused_bytes = 0;
   uint64_t tensor_bytes = 0;  ///< Stored tensor bytes.
   uint64_t chunks = 0;
   uint64_t files = 0;

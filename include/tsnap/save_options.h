@@ -32,9 +32,21 @@ struct TSNAP_API SaveOptions {
   /// See `Staging`.
   Staging staging = Staging::kEager;
   /// Number of shard files; 0 picks one per ~1 GiB, at least one per writer thread when large.
+  /// Incremental saves pick their own files (see `incremental`) and ignore it.
   int num_shards = 0;
   /// Chunk size in bytes (multiple of 4096); 0 takes the Snapshotter's.
   uint64_t chunk_bytes = 0;
+  /// Incremental save: chunks whose bytes equal the previous committed snapshot's are not
+  /// written again, and a shard file whose bytes all equal becomes a hard link to that
+  /// snapshot's file (a copy made by the kernel where links are refused), so frozen parameters
+  /// and unchanged buffers cost no bytes. "Previous" is the last snapshot this Snapshotter
+  /// committed, or at its first save the newest under its root (tsnap::latest). Files are
+  /// grouped by key name (about 4 chunks each: 64 MiB by default; a larger tensor alone) and keep the grouping of
+  /// the previous snapshot's files, so that unchanged tensors land in unchanged files. Each
+  /// snapshot stays self-contained: deleting any other snapshot never breaks it. Its manifest
+  /// is format version 2 once a file keeps an earlier layout (docs/format.md). Unset: the
+  /// Snapshotter's default (SnapshotterOptions::incremental).
+  std::optional<bool> incremental;
   /// Called as chunks are staged and written (see ProgressFn); a save does not complete before
   /// its last call has returned. Null: no calls.
   ProgressFn progress;

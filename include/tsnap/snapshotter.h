@@ -37,6 +37,8 @@ struct TSNAP_API SnapshotterOptions {
   EngineKind engine = EngineKind::kAuto;
   bool direct_io = true;  ///< Use O_DIRECT where allowed.
   int max_in_flight = 2;  ///< Saves that may be writing at once.
+  /// Default of SaveOptions::incremental for this Snapshotter's saves.
+  bool incremental = false;
   InFlightPolicy in_flight = InFlightPolicy::kWait;
   /// Run the threads that work beside training (the io thread, which writes and hashes the
   /// chunks; the pwrite pool; the pool that commits and runs lazy staging) at a lower CPU

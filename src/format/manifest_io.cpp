@@ -127,6 +127,11 @@ FileRecord parse_file(const Checker& c, const std::string& name, const json& j,
   f.data_offset = c.uint(j, "data_offset", where);
   f.chunk_bytes = c.uint(j, "chunk_bytes", where);
   if (j.contains("rank")) f.rank = static_cast<int>(c.uint(j, "rank", where, world_size - 1));
+  if (j.contains("tsnap_id")) {
+    f.tsnap_id = c.str(j, "tsnap_id", where);
+    if (f.tsnap_id.empty()) c.fail(ErrorCode::kBadManifest, where + ": \"tsnap_id\" is empty");
+  }
+  if (j.contains("reused_from")) f.reused_from = c.str(j, "reused_from", where);
   if (f.data_offset == 0 || f.data_offset % kAlignment != 0 || f.data_offset > f.size) {
     c.fail(ErrorCode::kBadManifest, where + ": data_offset " + std::to_string(f.data_offset) +
                                         " is not a positive multiple of " +
@@ -347,6 +352,13 @@ void check_pieces(const Checker& c, const std::vector<TensorRecord>& pieces) {
 
 }  // namespace
 
+int written_version(const Manifest& m) {
+  for (const FileRecord& f : m.files) {
+    if (!f.tsnap_id.empty() || !f.reused_from.empty()) return 2;
+  }
+  return 1;
+}
+
 json manifest_to_json(const Manifest& m) {
   if (!m.metadata.is_object()) {
     throw_error(
@@ -362,6 +374,8 @@ json manifest_to_json(const Manifest& m) {
              {"chunk_bytes", f.chunk_bytes},
              {"chunk_hashes", std::move(hashes)}};
     if (m.world_size > 1) rec["rank"] = f.rank;
+    if (!f.tsnap_id.empty()) rec["tsnap_id"] = f.tsnap_id;
+    if (!f.reused_from.empty()) rec["reused_from"] = f.reused_from;
     auto [it, inserted] = files.emplace(f.name, std::move(rec));
     if (!inserted) {
       throw_error(ErrorCode::kInvalidArgument, "manifest lists file '" + f.name + "' twice");
@@ -400,7 +414,7 @@ json manifest_to_json(const Manifest& m) {
 
 json manifest_header_json(const Manifest& m) {
   return {{"format", kFormatName},
-          {"format_version", m.format_version},
+          {"format_version", written_version(m)},
           {"id", m.id},
           {"tsnap_version", m.tsnap_version},
           {"torch_version", m.torch_version},
@@ -442,7 +456,7 @@ std::string manifest_to_text(const Manifest& m) {
   w.key("format");
   w.string(kFormatName);
   w.key("format_version");
-  w.number(int64_t{m.format_version});
+  w.number(int64_t{written_version(m)});
   w.key("id");
   w.string(m.id);
   w.key("tsnap_version");
@@ -473,6 +487,14 @@ std::string manifest_to_text(const Manifest& m) {
     if (m.world_size > 1) {
       w.key("rank");
       w.number(int64_t{f->rank});
+    }
+    if (!f->tsnap_id.empty()) {
+      w.key("tsnap_id");
+      w.string(f->tsnap_id);
+    }
+    if (!f->reused_from.empty()) {
+      w.key("reused_from");
+      w.string(f->reused_from);
     }
     w.key("chunk_hashes");
     w.begin_array();

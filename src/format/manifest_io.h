@@ -34,6 +34,10 @@ Manifest read_manifest_in(const SnapshotDir& dir);
 /// times, world size, metadata) as a JSON object: the head that `tsnap inspect` shows too.
 nlohmann::json manifest_header_json(const Manifest& m);
 
+/// The format version a writer records for `m`: 2 when a file has `tsnap_id` or `reused_from`
+/// (an incremental save), else 1, so that readers of version 1 keep reading every other save.
+int written_version(const Manifest& m);
+
 /// The manifest as JSON (deterministic field order, tensors sorted by name).
 /// Errors: InvalidArgument for duplicate tensor or file names, an unsupported dtype or metadata
 /// that is not a JSON object.

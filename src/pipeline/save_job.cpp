@@ -62,8 +62,12 @@ SaveJob::SaveJob(Resources& res, plan::Plan plan, CommitPaths paths, nlohmann::j
   s.tensors = plan_.num_tensors;
   s.tensor_bytes = plan_.tensor_bytes;
   hashes_.resize(plan_.files.size());
+  skipped_.resize(plan_.files.size());
+  base_files_.resize(plan_.files.size());
+  reused_whole_.assign(plan_.files.size(), false);
   for (size_t f = 0; f < plan_.files.size(); ++f) {
     hashes_[f].assign(plan_.files[f].num_chunks(), 0);
+    skipped_[f].assign(plan_.files[f].num_chunks(), 0);
   }
 }
 
@@ -89,6 +93,14 @@ void SaveJob::open_files() {
       detail::throw_sys_error(fd, "create shard " + path);
     }
     fds_.push_back(fd);
+  }
+  // Incremental: the base files are held open from now on (see pipeline/reuse.h); one that
+  // cannot be opened as expected is simply written in full.
+  for (size_t f = 0; f < plan_.files.size(); ++f) {
+    const plan::PlannedFile& file = plan_.files[f];
+    if (file.base_hashes.empty()) continue;
+    auto base = std::make_unique<BaseFile>(plan_.base_dir + "/" + file.name, file.size);
+    if (base->valid()) base_files_[f] = std::move(base);
   }
 }
 
@@ -141,6 +153,35 @@ void SaveJob::stage_chunk(size_t index, const std::vector<stage::Sources>& sourc
     throw;  // tbb rethrows it on the staging thread, which fails the job
   }
   progress_.staged(len);
+  ++pending_;
+  if (base_files_[ref.file]) {
+    // Hashed off the caller's stall, on the blocking pool, before deciding to write.
+    auto self = shared_from_this();
+    boost::asio::post(*res_.blocking,
+                      [self, ref, buf, len] { self->compare_and_submit(ref, buf, len); });
+    return;
+  }
+  submit(ref, buf, len, std::nullopt);
+}
+
+void SaveJob::compare_and_submit(plan::ChunkRef ref, int buf, uint64_t len) {
+  const uint64_t hash = format::hash64(res_.pool->data(buf), len);
+  if (hash != plan_.files[ref.file].base_hashes[ref.chunk] || failed_) {
+    submit(ref, buf, len, hash);
+    return;
+  }
+  hashes_[ref.file][ref.chunk] = hash;
+  skipped_[ref.file][ref.chunk] = 1;
+  skipped_bytes_ += len;
+  res_.pool->release(buf);
+  progress_.done(len);
+  release_token();
+}
+
+// Takes over one pending_ token, which the write's completion gives back.
+void SaveJob::submit(plan::ChunkRef ref, int buf, uint64_t len, std::optional<uint64_t> hash) {
+  const plan::PlannedFile& file = plan_.files[ref.file];
+  uint8_t* data = res_.pool->data(buf);
   uint64_t write_len = len;
   if (res_.host->direct() && len % kBlock != 0) {
     // O_DIRECT writes whole blocks: zero the tail; the file is truncated to size at commit.
@@ -148,16 +189,17 @@ void SaveJob::stage_chunk(size_t index, const std::vector<stage::Sources>& sourc
     std::memset(data + len, 0, write_len - len);
   }
   const uint64_t offset = file.chunk_begin(ref.chunk);
-  ++pending_;
   int64_t expected = 0;
   first_write_ns_.compare_exchange_strong(expected, now_ns());
-  // The chunk is hashed when its write completes, on the engine's thread, while the buffer is
-  // still ours: the hash overlaps the I/O instead of lengthening the caller's stall.
+  // Unless known already, the chunk is hashed when its write completes, on the engine's
+  // thread, while the buffer is still ours: the hash overlaps the I/O instead of lengthening
+  // the caller's stall.
   auto self = shared_from_this();
   res_.host->engine().write(
-      fds_[ref.file], data, write_len, offset, buf, [self, buf, ref, offset, len](int rc) {
+      fds_[ref.file], data, write_len, offset, buf, [self, buf, ref, offset, len, hash](int rc) {
         if (rc == 0) {
-          self->hashes_[ref.file][ref.chunk] = format::hash64(self->res_.pool->data(buf), len);
+          self->hashes_[ref.file][ref.chunk] =
+              hash ? *hash : format::hash64(self->res_.pool->data(buf), len);
         }
         self->res_.pool->release(buf);
         if (rc == 0) self->progress_.done(len);
@@ -213,6 +255,14 @@ void SaveJob::finish() {
     if (rc < 0 && !error) error = detail::sys_error(rc, "close " + path);
   }
   fds_.clear();
+  if (!error) {
+    try {
+      reuse_base_files();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  base_files_.clear();  // closes the base files
   if (coordinator_) {
     error = coordinate(error, &manifest_bytes, &leftover);
   } else if (!error) {
@@ -233,6 +283,9 @@ void SaveJob::finish() {
     s.write_s = last_write_ns_ > first_write_ns_ ? (last_write_ns_ - first_write_ns_) / 1e9 : 0;
     s.total_s = seconds(Clock::now() - started_);
     s.bytes = plan_.total_bytes + manifest_bytes;
+    s.linked_bytes = linked_bytes_;
+    s.written_bytes = s.bytes - linked_bytes_;
+    s.reused_bytes = skipped_bytes_;
     s.leftover = std::move(leftover);
   }
   // Whatever a next save could need (the in-flight slot; the staging buffers went back as their
@@ -241,6 +294,32 @@ void SaveJob::finish() {
   if (release_slot_) release_slot_();
   state_->complete(error);
   if (on_completed_) on_completed_();
+}
+
+void SaveJob::reuse_base_files() {
+  for (size_t f = 0; f < plan_.files.size(); ++f) {
+    if (!base_files_[f]) continue;
+    const plan::PlannedFile& file = plan_.files[f];
+    const std::string path = paths_.temporary + "/" + file.name;
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    for (uint64_t c = 0; c < file.num_chunks(); ++c) {
+      if (!skipped_[f][c]) continue;
+      if (!ranges.empty() && ranges.back().second == file.chunk_begin(c)) {
+        ranges.back().second = file.chunk_end(c);
+      } else {
+        ranges.emplace_back(file.chunk_begin(c), file.chunk_end(c));
+      }
+    }
+    if (ranges.empty()) continue;
+    if (ranges.size() == 1 && ranges[0] == std::make_pair(uint64_t{0}, file.size)) {
+      // Nothing of it was written: the empty file makes way for the base file.
+      if (::unlink(path.c_str()) != 0) detail::throw_sys_error(-errno, "remove " + path);
+      if (base_files_[f]->link_or_copy(path)) linked_bytes_ += file.size;
+      reused_whole_[f] = true;
+    } else {
+      base_files_[f]->copy_ranges(path, ranges);
+    }
+  }
 }
 
 Manifest SaveJob::manifest() const {
@@ -257,7 +336,9 @@ Manifest SaveJob::manifest() const {
   m.metadata = metadata_;
   for (size_t f = 0; f < plan_.files.size(); ++f) {
     const plan::PlannedFile& file = plan_.files[f];
-    m.files.push_back({file.name, file.size, file.data_offset, file.chunk_bytes, hashes_[f], rank});
+    m.files.push_back({file.name, file.size, file.data_offset, file.chunk_bytes, hashes_[f], rank,
+                       file.header_id == plan_.id ? std::string() : file.header_id,
+                       reused_whole_[f] ? plan_.base_name : std::string()});
     for (const plan::PlannedTensor& t : file.tensors) {
       m.tensors.push_back(
           {t.name, file.name, t.dtype, t.source_dtype, t.shape, t.begin, t.end, t.shard});

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "pipeline/commit.h"
 #include "pipeline/coordinator.h"
 #include "pipeline/resources.h"
+#include "pipeline/reuse.h"
 #include "pipeline/save_state.h"
 #include "plan/plan.h"
 #include "stage/fill.h"
@@ -51,6 +53,15 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
 
  private:
   void stage_chunk(size_t index, const std::vector<stage::Sources>& sources);
+  // Submits the write of a staged chunk; `hash` when already known (incremental), else the
+  // chunk is hashed when the write completes.
+  void submit(plan::ChunkRef ref, int buf, uint64_t len, std::optional<uint64_t> hash);
+  // Incremental: hashes a staged chunk of a file with base hashes and writes it only when it
+  // differs from the base file's chunk.
+  void compare_and_submit(plan::ChunkRef ref, int buf, uint64_t len);
+  // Incremental, after every shard is closed: files whose chunks all equal the base's become
+  // links to (or copies of) the base files; skipped chunks of the others are copied in.
+  void reuse_base_files();
   void write_done(uint32_t file, uint64_t offset, int rc);
   void fail(std::exception_ptr e);
   void release_token();
@@ -72,6 +83,9 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   detail::ProgressMeter progress_;
 
   std::vector<int> fds_;
+  std::vector<std::unique_ptr<BaseFile>> base_files_;  // per file; null: no base to reuse
+  std::vector<std::vector<uint8_t>> skipped_;         // per file, per chunk: equal to the base
+  std::vector<bool> reused_whole_;                     // per file: linked or copied whole
   std::vector<std::vector<uint64_t>> hashes_;  // per file, per chunk
   std::atomic<uint64_t> pending_{1};  // submitted writes not completed, +1 while staging
   std::atomic<bool> failed_{false};
@@ -80,6 +94,8 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   std::mutex error_mu_;
   std::exception_ptr error_;
   std::atomic<uint64_t> buffer_waits_{0}, buffers_reused_{0};
+  std::atomic<uint64_t> skipped_bytes_{0};
+  uint64_t linked_bytes_ = 0;
   std::atomic<int64_t> first_write_ns_{0}, last_write_ns_{0};
 };
 

@@ -27,6 +27,7 @@
 #include "tsnap/catalog.h"
 #include "tsnap/dist_group.h"
 #include "tsnap/error.h"
+#include "tsnap/manifest.h"
 
 namespace tsnap {
 
@@ -44,6 +45,12 @@ struct Snapshotter::Impl {
   std::multiset<std::string> names;
   std::shared_ptr<pipeline::Coordinator> coordinator;  // distributed saves only
   std::mutex pool_mu;  // guards the creation of res.pool (automatic budget: at the first save)
+  std::mutex base_mu;
+  std::string last_committed;  // name of the last snapshot a save of this Snapshotter committed
+
+  // The base of an incremental save: the last snapshot committed here, else the newest under
+  // the root; null when there is none (or it cannot be read: the save is then a full one).
+  std::unique_ptr<plan::Base> find_base();
 
   void make_pool(uint64_t budget);
   void ensure_pool(const plan::Plan& plan);
@@ -106,6 +113,34 @@ void Snapshotter::Impl::make_pool(uint64_t budget) {
     iovs.push_back({res.pool->data(static_cast<int>(i)), res.pool->buffer_bytes()});
   }
   res.host->engine().register_buffers(iovs);
+}
+
+std::unique_ptr<plan::Base> Snapshotter::Impl::find_base() {
+  std::string name;
+  {
+    std::lock_guard<std::mutex> lock(base_mu);
+    name = last_committed;
+  }
+  std::vector<fs::path> candidates;
+  if (!name.empty()) candidates.push_back(res.options.root / name);
+  try {
+    if (std::optional<fs::path> newest = tsnap::latest(res.options.root)) {
+      candidates.push_back(*newest);
+    }
+  } catch (const Error&) {
+  }
+  for (const fs::path& dir : candidates) {
+    try {
+      auto base = std::make_unique<plan::Base>();
+      base->manifest = read_manifest(dir);
+      base->dir = dir.string();
+      base->name = dir.filename().string();
+      return base;
+    } catch (const Error&) {
+      // deleted or replaced meanwhile: try the next
+    }
+  }
+  return nullptr;
 }
 
 void Snapshotter::Impl::ensure_pool(const plan::Plan& plan) {
@@ -224,8 +259,21 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
   paths.temporary = root + "/" + format::temporary_name(name, id);
   const plan::RankOf ranks{coordinator ? coordinator->rank() : 0,
                            coordinator ? coordinator->world_size() : 1};
-  plan::Plan plan =
-      plan::make_plan(state, options, chunk, id, std::max(1, res.options.io_threads), ranks);
+  plan::Layout layout;
+  layout.incremental = options.incremental.value_or(res.options.incremental);
+  std::unique_ptr<plan::Base> base;
+  if (layout.incremental) {
+    if (coordinator) {
+      // Every rank must compare with the same base: the outcome of the saves before this one,
+      // which all ranks know alike once they have completed.
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return running == 0; });
+    }
+    base = find_base();
+    layout.base = base.get();
+  }
+  plan::Plan plan = plan::make_plan(state, options, chunk, id,
+                                    std::max(1, res.options.io_threads), ranks, layout);
   ensure_pool(plan);
 
   admit(name, options.overwrite);
@@ -242,6 +290,11 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
     throw;
   }
   SaveHandle handle(job->state());
+  handle.on_complete([this, name](std::exception_ptr error) {
+    if (error) return;
+    std::lock_guard<std::mutex> lock(base_mu);
+    last_committed = name;
+  });
   if (options.staging == Staging::kLazy) {
     boost::asio::post(*res.blocking, [job] { job->stage(); });
   } else {

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <numeric>
+#include <set>
 
 #include "common/shape.h"
 #include "format/dtype.h"
@@ -60,24 +62,221 @@ bool heavier(const Item& a, const Item& b) {
   return a.bytes != b.bytes ? a.bytes > b.bytes : *a.key < *b.key;
 }
 
-// What `ranks.rank` writes: its pieces, and the replicated items that a greedy balance of the
-// replicated bytes over the ranks gives it (every rank computes the same assignment from the
-// same key set). `*replicated` gets every replicated item as "key dtype shape".
-std::vector<Item> share_of(const std::vector<Item>& items, RankOf ranks,
-                           std::vector<std::string>* replicated) {
-  std::vector<Item> mine, shared;
-  for (const Item& it : items) (it.entry->shard ? mine : shared).push_back(it);
-  std::stable_sort(shared.begin(), shared.end(), heavier);
-  std::vector<uint64_t> load(static_cast<size_t>(ranks.world_size), 0);
-  for (const Item& it : shared) {
-    const size_t r = std::min_element(load.begin(), load.end()) - load.begin();
-    load[r] += it.bytes;
-    if (static_cast<int>(r) == ranks.rank) mine.push_back(it);
-    replicated->push_back(*it.key + " " + std::string(format::dtype_name(it.dtype)) + " " +
-                          detail::shape_string(it.entry->tensor.sizes()));
+// The tensors of one file to be, before their offsets are known.
+struct Group {
+  std::vector<size_t> members;       // indexes into the items
+  std::string name;                  // empty: named after its position (name_groups)
+  const FileRecord* base = nullptr;  // incremental: the base file whose layout it repeats
+  std::string header_id;             // that file's header id (empty: the plan's)
+  std::map<std::string, std::pair<uint64_t, uint64_t>> base_offsets;  // name -> [begin, end)
+};
+
+std::string replicated_entry(const Item& it) {
+  return *it.key + " " + std::string(format::dtype_name(it.dtype)) + " " +
+         detail::shape_string(it.entry->tensor.sizes());
+}
+
+// Names the groups without a name shard-i-of-n (rank-r-shard-... when distributed), skipping
+// the names that kept files already have.
+void name_groups(std::vector<Group>& groups, RankOf ranks) {
+  std::set<std::string> taken;
+  for (const Group& g : groups) {
+    if (!g.name.empty()) taken.insert(g.name);
+  }
+  size_t next = 0;
+  for (Group& g : groups) {
+    if (!g.name.empty()) continue;
+    do {
+      g.name = shard_name(next++, groups.size(), ranks);
+    } while (taken.count(g.name) != 0);
+  }
+}
+
+// The default layout. Distributed: this rank's pieces, and the replicated items that a greedy
+// balance of the replicated bytes over the ranks gives it (every rank computes the same
+// assignment from the same key set); then files balanced by bytes, largest tensor first onto
+// the lightest file.
+std::vector<Group> balanced_groups(const std::vector<Item>& items, const SaveOptions& options,
+                                   RankOf ranks, int max_auto_shards,
+                                   std::vector<std::string>* replicated) {
+  std::vector<size_t> mine, shared;
+  for (size_t i = 0; i < items.size(); ++i) {
+    (ranks.world_size == 1 || items[i].entry->shard ? mine : shared).push_back(i);
+  }
+  const auto by_weight = [&](size_t a, size_t b) { return heavier(items[a], items[b]); };
+  std::stable_sort(shared.begin(), shared.end(), by_weight);
+  std::vector<uint64_t> rank_load(static_cast<size_t>(ranks.world_size), 0);
+  for (size_t i : shared) {
+    const size_t r = std::min_element(rank_load.begin(), rank_load.end()) - rank_load.begin();
+    rank_load[r] += items[i].bytes;
+    if (static_cast<int>(r) == ranks.rank) mine.push_back(i);
+    replicated->push_back(replicated_entry(items[i]));
   }
   std::sort(replicated->begin(), replicated->end());
-  return mine;
+
+  uint64_t bytes = 0;
+  for (size_t i : mine) bytes += items[i].bytes;
+  size_t nfiles = options.num_shards > 0
+                      ? static_cast<size_t>(options.num_shards)
+                      : static_cast<size_t>(std::clamp<uint64_t>(bytes / kAutoShardBytes + 1, 1,
+                                                                 std::max(1, max_auto_shards)));
+  nfiles = std::max<size_t>(1, std::min(nfiles, std::max<size_t>(1, mine.size())));
+  std::stable_sort(mine.begin(), mine.end(), by_weight);
+  std::vector<Group> groups(nfiles);
+  std::vector<uint64_t> load(nfiles, 0);
+  for (size_t i : mine) {
+    const size_t f = std::min_element(load.begin(), load.end()) - load.begin();
+    groups[f].members.push_back(i);
+    load[f] += items[i].bytes;
+  }
+  name_groups(groups, ranks);
+  return groups;
+}
+
+// Whether `items[i]` is the tensor that base record `t` describes (same stored dtype, shape
+// and shard spec).
+bool same_tensor(const Item& it, const TensorRecord& t) {
+  return it.dtype == t.dtype && it.entry->tensor.sizes().vec() == t.shape &&
+         it.entry->shard == t.shard;
+}
+
+// The incremental layout (Layout). First the base's files that can be kept whole: every tensor
+// still there alike, and not a mix of pieces and replicated entries (a file of replicated
+// entries is kept by the rank that wrote it, which every rank can tell from the manifest; a
+// file of pieces only by its own rank). Then the rest, by key name, in files of about
+// kIncrementalFileChunks chunks: this rank's pieces, and groups of replicated entries given to the
+// least loaded rank (counting kept files), in the same order on every rank.
+std::vector<Group> incremental_groups(const std::vector<Item>& items, RankOf ranks,
+                                      uint64_t chunk_bytes, const Base* base,
+                                      std::vector<std::string>* replicated) {
+  std::map<std::string, size_t> index;
+  for (size_t i = 0; i < items.size(); ++i) {
+    index.emplace(*items[i].key, i);
+    if (ranks.world_size > 1 && !items[i].entry->shard) {
+      replicated->push_back(replicated_entry(items[i]));
+    }
+  }
+  std::sort(replicated->begin(), replicated->end());
+  const uint64_t target = kIncrementalFileChunks * chunk_bytes;
+  std::vector<bool> placed(items.size(), false);
+  std::vector<uint64_t> rank_load(static_cast<size_t>(ranks.world_size), 0);
+  std::vector<Group> groups;
+  if (base != nullptr && base->manifest.world_size == ranks.world_size) {
+    std::map<std::string, std::vector<const TensorRecord*>> in_file;
+    for (const TensorRecord& t : base->manifest.tensors) in_file[t.file].push_back(&t);
+    for (const FileRecord& f : base->manifest.files) {
+      const auto recs = in_file.find(f.name);
+      // Only files this layout would make (one tensor, or at most the target size): a file
+      // of the default layout (about 1 GiB, balanced by size) is regrouped by name once.
+      if (f.chunk_bytes != chunk_bytes || recs == in_file.end() ||
+          (recs->second.size() > 1 && f.size - f.data_offset > target)) {
+        continue;
+      }
+      const bool pieces = recs->second.front()->shard.has_value();
+      if (pieces && f.rank != ranks.rank) continue;
+      Group g;
+      g.name = f.name;
+      g.base = &f;
+      g.header_id = f.header_id(base->manifest.id);
+      bool keep = true;
+      uint64_t bytes = 0;
+      for (const TensorRecord* t : recs->second) {
+        const auto it = index.find(t->name);
+        keep = keep && t->shard.has_value() == pieces && it != index.end() &&
+               !placed[it->second] && same_tensor(items[it->second], *t);
+        if (!keep) break;
+        g.members.push_back(it->second);
+        g.base_offsets[t->name] = {t->begin, t->end};
+        bytes += items[it->second].bytes;
+      }
+      if (!keep) continue;
+      for (size_t i : g.members) placed[i] = true;
+      if (!pieces) rank_load[static_cast<size_t>(f.rank)] += bytes;
+      if (pieces || f.rank == ranks.rank) groups.push_back(std::move(g));
+    }
+  }
+  // The rest by name (the index is ordered), cut into files of about the target size.
+  for (const bool pieces : {false, true}) {
+    std::vector<std::vector<size_t>> cut;
+    uint64_t size = 0;
+    for (const auto& [key, i] : index) {
+      if (placed[i] || items[i].entry->shard.has_value() != pieces) continue;
+      if (cut.empty() || (size > 0 && size + items[i].bytes > target)) {
+        cut.emplace_back();
+        size = 0;
+      }
+      cut.back().push_back(i);
+      size += items[i].bytes;
+    }
+    for (std::vector<size_t>& members : cut) {
+      size_t owner = static_cast<size_t>(ranks.rank);
+      if (!pieces && ranks.world_size > 1) {
+        uint64_t bytes = 0;
+        for (size_t i : members) bytes += items[i].bytes;
+        owner = std::min_element(rank_load.begin(), rank_load.end()) - rank_load.begin();
+        rank_load[owner] += bytes;
+      }
+      if (static_cast<int>(owner) != ranks.rank) continue;
+      Group g;
+      g.members = std::move(members);
+      groups.push_back(std::move(g));
+    }
+  }
+  if (groups.empty()) groups.emplace_back();  // an empty state still gets its one file
+  name_groups(groups, ranks);
+  return groups;
+}
+
+// One file's byte image from its group: element size descending, then name, so that every
+// tensor lands naturally aligned; the header carries `header_id`.
+PlannedFile build_file(const Group& group, const std::vector<Item>& items, uint64_t chunk_bytes,
+                       const std::string& header_id) {
+  std::vector<size_t> members = group.members;
+  std::sort(members.begin(), members.end(), [&](size_t a, size_t b) {
+    const size_t ea = format::element_size(items[a].dtype);
+    const size_t eb = format::element_size(items[b].dtype);
+    return ea != eb ? ea > eb : *items[a].key < *items[b].key;
+  });
+  PlannedFile file;
+  file.name = group.name;
+  file.chunk_bytes = chunk_bytes;
+  file.header_id = header_id;
+  std::vector<format::HeaderTensor> header_tensors;
+  uint64_t offset = 0;
+  for (size_t i : members) {
+    const Item& it = items[i];
+    PlannedTensor pt;
+    pt.name = *it.key;
+    pt.source = it.entry->tensor;
+    pt.dtype = it.dtype;
+    pt.source_dtype = it.entry->tensor.scalar_type();
+    pt.shape = it.entry->tensor.sizes().vec();
+    pt.shard = it.entry->shard;
+    pt.begin = offset;
+    pt.end = offset + it.bytes;
+    offset = pt.end;
+    header_tensors.push_back({pt.name, pt.dtype, pt.shape, pt.begin, pt.end});
+    file.tensors.push_back(std::move(pt));
+  }
+  file.header = format::build_header(header_tensors, {{"format", "pt"}, {"tsnap_id", header_id}});
+  file.data_offset = file.header.size();
+  for (PlannedTensor& pt : file.tensors) {
+    pt.begin += file.data_offset;
+    pt.end += file.data_offset;
+  }
+  file.size = file.data_offset + offset;
+  return file;
+}
+
+// Whether `file` has exactly the size and offsets of the base file it was grouped after.
+bool same_layout(const PlannedFile& file, const FileRecord& base,
+                 const std::map<std::string, std::pair<uint64_t, uint64_t>>& base_offsets) {
+  if (file.size != base.size || file.data_offset != base.data_offset) return false;
+  for (const PlannedTensor& t : file.tensors) {
+    const auto it = base_offsets.find(t.name);
+    if (it == base_offsets.end() || it->second != std::make_pair(t.begin, t.end)) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -101,7 +300,7 @@ at::ScalarType stored_dtype(const std::string& key, const StateEntry& entry,
 }
 
 Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chunk_bytes,
-               const std::string& id, int max_auto_shards, RankOf ranks) {
+               const std::string& id, int max_auto_shards, RankOf ranks, const Layout& layout) {
   if (ranks.world_size < 1 || ranks.rank < 0 || ranks.rank >= ranks.world_size) {
     throw_error(ErrorCode::kInvalidArgument, "rank " + std::to_string(ranks.rank) +
                                                  " is not in a world of " +
@@ -120,7 +319,6 @@ Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chun
   // Validate and size every tensor.
   std::vector<Item> items;
   items.reserve(state.size());
-  uint64_t tensor_bytes = 0;
   for (const auto& [key, entry] : state) {
     const at::Tensor& t = entry.tensor;
     if (!t.defined()) {
@@ -144,69 +342,34 @@ Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chun
     items.push_back({&key, &entry, dtype, stored_nbytes(t, dtype)});
   }
   std::vector<std::string> replicated;
-  if (ranks.world_size > 1) items = share_of(items, ranks, &replicated);
-  for (const Item& it : items) tensor_bytes += it.bytes;
-
-  size_t nfiles = options.num_shards > 0
-                      ? static_cast<size_t>(options.num_shards)
-                      : static_cast<size_t>(std::clamp<uint64_t>(tensor_bytes / kAutoShardBytes + 1,
-                                                                 1, std::max(1, max_auto_shards)));
-  nfiles = std::max<size_t>(1, std::min(nfiles, std::max<size_t>(1, items.size())));
-
-  // Greedy balance: largest tensor first, onto the lightest file.
-  std::vector<size_t> order(items.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return heavier(items[a], items[b]); });
-  std::vector<std::vector<size_t>> members(nfiles);
-  std::vector<uint64_t> load(nfiles, 0);
-  for (size_t i : order) {
-    const size_t f = std::min_element(load.begin(), load.end()) - load.begin();
-    members[f].push_back(i);
-    load[f] += items[i].bytes;
-  }
+  std::vector<Group> groups = layout.incremental
+                                  ? incremental_groups(items, ranks, chunk_bytes, layout.base,
+                                                       &replicated)
+                                  : balanced_groups(items, options, ranks, max_auto_shards,
+                                                    &replicated);
 
   Plan plan;
   plan.id = id;
-  plan.tensor_bytes = tensor_bytes;
-  plan.num_tensors = items.size();
   plan.replicated = std::move(replicated);
-  plan.files.resize(nfiles);
-  for (size_t f = 0; f < nfiles; ++f) {
-    PlannedFile& file = plan.files[f];
-    file.name = shard_name(f, nfiles, ranks);
-    file.chunk_bytes = chunk_bytes;
-    // Element size descending, then name: every tensor lands naturally aligned.
-    std::sort(members[f].begin(), members[f].end(), [&](size_t a, size_t b) {
-      const size_t ea = format::element_size(items[a].dtype);
-      const size_t eb = format::element_size(items[b].dtype);
-      return ea != eb ? ea > eb : *items[a].key < *items[b].key;
-    });
-    std::vector<format::HeaderTensor> header_tensors;
-    uint64_t offset = 0;
-    for (size_t i : members[f]) {
-      const Item& it = items[i];
-      PlannedTensor pt;
-      pt.name = *it.key;
-      pt.source = it.entry->tensor;
-      pt.dtype = it.dtype;
-      pt.source_dtype = it.entry->tensor.scalar_type();
-      pt.shape = it.entry->tensor.sizes().vec();
-      pt.shard = it.entry->shard;
-      pt.begin = offset;
-      pt.end = offset + it.bytes;
-      offset = pt.end;
-      header_tensors.push_back({pt.name, pt.dtype, pt.shape, pt.begin, pt.end});
-      file.tensors.push_back(std::move(pt));
+  if (layout.incremental && layout.base != nullptr) {
+    plan.base_dir = layout.base->dir;
+    plan.base_name = layout.base->name;
+  }
+  plan.files.reserve(groups.size());
+  for (const Group& group : groups) {
+    PlannedFile file =
+        build_file(group, items, chunk_bytes, group.header_id.empty() ? id : group.header_id);
+    if (group.base != nullptr) {
+      if (same_layout(file, *group.base, group.base_offsets)) {
+        file.base_hashes = group.base->chunk_hashes;
+      } else {  // laid out otherwise by whatever wrote the base: a file of this save's own
+        file = build_file(group, items, chunk_bytes, id);
+      }
     }
-    file.header = format::build_header(header_tensors, {{"format", "pt"}, {"tsnap_id", id}});
-    file.data_offset = file.header.size();
-    for (PlannedTensor& pt : file.tensors) {
-      pt.begin += file.data_offset;
-      pt.end += file.data_offset;
-    }
-    file.size = file.data_offset + offset;
+    for (const PlannedTensor& t : file.tensors) plan.tensor_bytes += t.nbytes();
+    plan.num_tensors += file.tensors.size();
     plan.total_bytes += file.size;
+    plan.files.push_back(std::move(file));
   }
 
   // Interleave chunks across files so that every file is written concurrently.

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "tsnap/manifest.h"
 #include "tsnap/save_options.h"
 #include "tsnap/state_dict.h"
 
@@ -36,6 +37,13 @@ struct PlannedFile {
   uint64_t size = 0;              ///< Exact file size.
   uint64_t chunk_bytes = 0;
   std::vector<PlannedTensor> tensors;  ///< In file order (begin ascending).
+  /// The save id in the header: the plan's, or for a file that keeps the layout of the base
+  /// snapshot's file of the same name (incremental saves), that file's.
+  std::string header_id;
+  /// Incremental saves: the chunk hashes of the base snapshot's file of the same name, whose
+  /// layout (header included) this file repeats byte for byte; a chunk staged with an equal
+  /// hash need not be written. Empty: nothing to compare with.
+  std::vector<uint64_t> base_hashes;
   uint64_t num_chunks() const { return size == 0 ? 0 : (size + chunk_bytes - 1) / chunk_bytes; }
   /// Byte range [first, last) of chunk `c`.
   uint64_t chunk_begin(uint64_t c) const { return c * chunk_bytes; }
@@ -43,6 +51,26 @@ struct PlannedFile {
     return std::min(size, (c + 1) * chunk_bytes);
   }
 };
+
+/// The committed snapshot an incremental save compares its chunks with.
+struct Base {
+  std::string dir;   ///< Its directory.
+  std::string name;  ///< Its snapshot name (recorded as FileRecord::reused_from).
+  Manifest manifest;
+};
+
+/// How the files of a save are chosen.
+struct Layout {
+  /// Group tensors into files by key name (about kIncrementalFileChunks chunks each, separately for
+  /// rank pieces and replicated entries) instead of balancing by size, and keep the files of
+  /// `base` whose tensors are all still there with the same dtype, shape and shard spec.
+  bool incremental = false;
+  const Base* base = nullptr;  ///< Incremental only; may be null (a first save).
+};
+
+/// Target size of an incremental save's files, in chunks: 64 MiB with the default 16 MiB
+/// chunks (a larger tensor gets a file of its own).
+inline constexpr uint64_t kIncrementalFileChunks = 4;
 
 /// A chunk's address: file index and chunk index.
 struct ChunkRef {
@@ -69,6 +97,10 @@ struct Plan {
   /// Distributed saves: every replicated entry of the state (whichever rank writes it) as
   /// "key dtype shape", sorted, so that rank 0 can check that all ranks hold the same set.
   std::vector<std::string> replicated;
+  /// Incremental saves with a base: its directory and name (files with base_hashes repeat
+  /// files of the same name there).
+  std::string base_dir;
+  std::string base_name;
 };
 
 /// The dtype `entry` is stored as under `options` (integer/bool tensors never convert).
@@ -81,8 +113,11 @@ at::ScalarType stored_dtype(const std::string& key, const StateEntry& entry,
 /// files greedily by size (largest first to the lightest file) and ordered within a file by
 /// element size descending, then name. Errors: InvalidArgument naming the key (undefined tensor,
 /// unsupported dtype, sparse/quantized tensor). With `ranks.world_size` > 1 the plan holds only
-/// what `ranks.rank` writes (see RankOf) and its files are named after the rank.
+/// what `ranks.rank` writes (see RankOf) and its files are named after the rank. An incremental
+/// `layout` groups files as Layout says; every rank derives the same owner for each replicated
+/// entry from the same base manifest.
 Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chunk_bytes,
-               const std::string& id, int max_auto_shards, RankOf ranks = {});
+               const std::string& id, int max_auto_shards, RankOf ranks = {},
+               const Layout& layout = {});
 
 }  // namespace tsnap::plan

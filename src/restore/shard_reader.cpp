@@ -33,15 +33,17 @@ ShardReader::ShardReader(const format::SnapshotDir& dir, const FileRecord& file,
   }
   // The shard's own header must describe the same tensors as the manifest.
   const format::Header header = format::read_header(fd_.get(), file.size, path_);
-  // Each shard names the save that wrote it: a manifest paired with another snapshot's shards
-  // (copied or renamed by hand) is found here, before any chunk hash is computed.
+  // Each shard names the save that wrote it (or, format v2, the earlier save whose layout it
+  // keeps: FileRecord::tsnap_id): a manifest paired with another snapshot's shards (copied or
+  // renamed by hand) is found here, before any chunk hash is computed.
+  const std::string& expected_id = file.header_id(manifest.id);
   const auto id = header.metadata.find("tsnap_id");
-  if (id == header.metadata.end() || id->second != manifest.id) {
+  if (id == header.metadata.end() || id->second != expected_id) {
     throw_error(ErrorCode::kBadManifest,
                 "shard " + path_ + " was written by save " +
                     (id == header.metadata.end() ? std::string("(no tsnap_id)")
                                                  : "'" + format::printable(id->second) + "'") +
-                    ", but the manifest is of save '" + format::printable(manifest.id) +
+                    ", but the manifest expects save '" + format::printable(expected_id) +
                     "': the files come from different snapshots");
   }
   std::map<std::string, const format::HeaderTensor*> in_header;

@@ -151,6 +151,29 @@ TEST(Manifest, RoundTripsThroughJson) {
   expect_same(parse_manifest(manifest_to_json(empty).dump(), kLabel), empty);
 }
 
+// Format v2: a file that keeps an earlier save's layout names that save (its header's id) and,
+// when reused whole, the snapshot it came from; the text and JSON writers agree and say v2.
+TEST(Manifest, ReusedFilesRoundTripAsVersion2) {
+  Manifest m = sample();
+  m.files[0].tsnap_id = "18ecf96338ad5d40-bee517c9";
+  m.files[0].reused_from = "step-00000010";
+  const json j = manifest_to_json(m);
+  EXPECT_EQ(j["format_version"], 2);
+  EXPECT_EQ(j["files"][kShard0]["tsnap_id"], "18ecf96338ad5d40-bee517c9");
+  EXPECT_EQ(j["files"][kShard0]["reused_from"], "step-00000010");
+  EXPECT_EQ(json::parse(manifest_to_text(m)), j);
+  const Manifest back = parse_manifest(manifest_to_text(m), kLabel);
+  EXPECT_EQ(back.format_version, 2);
+  EXPECT_EQ(back.files[0].tsnap_id, m.files[0].tsnap_id);
+  EXPECT_EQ(back.files[0].reused_from, m.files[0].reused_from);
+  EXPECT_EQ(back.files[0].header_id(back.id), "18ecf96338ad5d40-bee517c9");
+  EXPECT_EQ(back.files[1].header_id(back.id), back.id);
+  expect_rejected([](json& j) { j["files"][kShard0]["tsnap_id"] = ""; }, ErrorCode::kBadManifest,
+                  "\"tsnap_id\" is empty");
+  expect_rejected([](json& j) { j["files"][kShard0]["tsnap_id"] = 7; }, ErrorCode::kBadManifest,
+                  "tsnap_id");
+}
+
 TEST(Manifest, Lookups) {
   const Manifest m = sample();
   ASSERT_NE(m.find("layer.weight"), nullptr);
@@ -248,8 +271,8 @@ TEST(Manifest, RejectsUnsafeFileNames) {
 }
 
 TEST(Manifest, RejectsNewerFormatVersion) {
-  expect_rejected([](json& j) { j["format_version"] = 2; }, ErrorCode::kUnsupportedFormat,
-                  "written in format version 2; this tsnap reads format versions up to 1");
+  expect_rejected([](json& j) { j["format_version"] = 3; }, ErrorCode::kUnsupportedFormat,
+                  "written in format version 3; this tsnap reads format versions up to 2");
   // A newer version is reported as such even if the rest looks nothing like v1.
   expect_text_rejected(R"({"format": "tsnap", "format_version": 7, "shards": []})",
                        ErrorCode::kUnsupportedFormat);

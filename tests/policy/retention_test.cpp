@@ -15,6 +15,7 @@
 #include "tsnap/catalog.h"
 #include "tsnap/error.h"
 #include "tsnap/load.h"
+#include "tsnap/snapshotter.h"
 
 namespace tsnap {
 namespace {
@@ -95,6 +96,63 @@ TEST(Retention, CrashAtEveryPointLeavesTheNewestSnapshotComplete) {
     for (const std::string& e : test_support::dir_entries(dir.path())) EXPECT_NE(e[0], '.') << e;
     policy::apply_retention(dir.path(), Schedule({.keep_last = 1}), 4);
     EXPECT_EQ(snapshot_names(dir.path()), std::vector<std::string>{"step-00000004"});
+  }
+}
+
+// Incremental snapshots share files through hard links: a crash at every point of retention
+// (the probe also removes a shard of the victim being deleted, as a crash midway through its
+// recursive removal would) must leave every snapshot that is not a temporary loading bitwise.
+TEST(Retention, CrashAtEveryPointOfAnIncrementalChainLeavesTheRestWhole) {
+  const int kSteps = 5;
+  const int kVictims = kSteps - 2;  // keep_last = 2
+  for (int crash_at = 1; crash_at <= 3 * kVictims; ++crash_at) {
+    SCOPED_TRACE("crash at probe call " + std::to_string(crash_at));
+    TempDir dir;
+    {
+      SnapshotterOptions o = test_support::small_options(dir.path());
+      o.chunk_bytes = 64 << 10;
+      o.incremental = true;
+      Snapshotter snap(o);
+      for (int step = 1; step <= kSteps; ++step) {
+        SaveHandle h = snap.save_async(format::step_name(step),
+                                       test_support::fine_tuning_state(step), {{"step", step}});
+        h.wait();
+        if (step > 1) ASSERT_GT(h.stats().linked_bytes, 0u);
+      }
+    }
+    int calls = 0;
+    const auto probe = [&](RetentionPoint point, const fs::path& path) {
+      if (++calls < crash_at) return;
+      if (point == RetentionPoint::kRenamed) {
+        fs::remove(path / kManifestName);
+        for (const std::string& e : test_support::dir_entries(path)) {
+          fs::remove(path / e);
+          break;
+        }
+      }
+      throw SimulatedCrash{};
+    };
+    const Schedule keep2({.keep_last = 2});
+    EXPECT_THROW(policy::apply_retention(dir.path(), keep2, kSteps, probe), SimulatedCrash);
+    const auto check_all = [&] {
+      for (const Listed& l : list(dir.path())) {
+        if (l.temporary) continue;
+        ASSERT_TRUE(l.committed) << l.name << ": " << l.problem;
+        const int step = static_cast<int>(l.manifest->metadata.at("step").get<int64_t>());
+        const StateDict expected = test_support::fine_tuning_state(step);
+        const StateDict loaded = load(l.path);
+        ASSERT_EQ(loaded.size(), expected.size()) << l.name;
+        for (const auto& [key, entry] : expected) {
+          EXPECT_TRUE(test_support::bitwise_equal(loaded.at(key), entry.tensor)) << l.name << key;
+        }
+      }
+    };
+    check_all();
+    { pipeline::RootLock next(dir.path()); }
+    policy::apply_retention(dir.path(), keep2, kSteps);
+    EXPECT_EQ(snapshot_names(dir.path()),
+              (std::vector<std::string>{format::step_name(kSteps - 1), format::step_name(kSteps)}));
+    check_all();
   }
 }
 

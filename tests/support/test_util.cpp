@@ -141,4 +141,19 @@ ReaderRun run_reference_reader(const fs::path& file, bool tsnap_rules) {
 
 bool have_python() { return std::system("python3 -c 'import json, struct' >/dev/null 2>&1") == 0; }
 
+StateDict fine_tuning_state(int step) {
+  StateDict sd;
+  for (int i = 0; i < 6; ++i) {
+    sd.insert("backbone.layer" + std::to_string(i) + ".weight",
+              make_tensor(at::kFloat, {100, 500}, 100 + i));  // 200 KB each
+  }
+  sd.insert("backbone.norm", make_tensor(at::kBFloat16, {333}, 7));
+  const at::Tensor delta = at::full({}, static_cast<double>(step));
+  sd.insert("head.weight", make_tensor(at::kFloat, {50, 300}, 200) + delta);
+  sd.insert("opt.head.weight.exp_avg", make_tensor(at::kFloat, {50, 300}, 201) * delta);
+  sd.insert("opt.step", at::full({}, step, at::kLong));
+  if (step >= 5) sd.insert("buffer.new", make_tensor(at::kFloat, {1000}, 300));
+  return sd;
+}
+
 }  // namespace tsnap::test_support

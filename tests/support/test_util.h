@@ -33,6 +33,11 @@ at::Tensor make_tensor(at::ScalarType dtype, at::IntArrayRef shape, uint64_t see
 /// A state of every supported dtype and awkward shapes: 0-d, empty, odd sizes.
 StateDict mixed_state(uint64_t seed = 1);
 
+/// A fine-tuning state after `step` steps (incremental saves): a frozen backbone of 1.2 MB that
+/// never changes, a trained head, its optimizer moment and a step counter that change every
+/// step, and from step 5 on a new buffer.
+StateDict fine_tuning_state(int step);
+
 /// The names of the entries of a directory (files and folders), sorted.
 std::vector<std::string> dir_entries(const std::filesystem::path& dir);
 

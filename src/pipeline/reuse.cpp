@@ -1,0 +1,98 @@
+#include "pipeline/reuse.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "common/sys_error.h"
+#include "common/test_point.h"
+
+namespace tsnap::pipeline {
+namespace {
+
+// copy_file_range of [offset, offset + len) from `in` to `out`, at the same offsets; falls
+// back to pread/pwrite where the kernel refuses it (EXDEV on old kernels, EINVAL, ENOSYS).
+int copy_range(int in, int out, uint64_t offset, uint64_t len) {
+  while (len > 0) {
+    loff_t off_in = static_cast<loff_t>(offset), off_out = static_cast<loff_t>(offset);
+    const ssize_t n = ::copy_file_range(in, &off_in, out, &off_out, len, 0);
+    if (n > 0) {
+      offset += static_cast<uint64_t>(n);
+      len -= static_cast<uint64_t>(n);
+      continue;
+    }
+    if (n == 0) return -EIO;  // the base file ended early: changed under us
+    if (errno == EINTR) continue;
+    if (errno != EXDEV && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) {
+      return -errno;
+    }
+    char buf[1 << 16];
+    while (len > 0) {
+      const int64_t got = io::read_full(in, buf, std::min<uint64_t>(len, sizeof buf), offset);
+      if (got < 0) return static_cast<int>(got);
+      if (got == 0) return -EIO;
+      for (int64_t done = 0; done < got;) {
+        const ssize_t w = ::pwrite(out, buf + done, static_cast<size_t>(got - done),
+                                   static_cast<off_t>(offset + done));
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) return -errno;
+        done += w;
+      }
+      offset += static_cast<uint64_t>(got);
+      len -= static_cast<uint64_t>(got);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+BaseFile::BaseFile(std::string path, uint64_t size) : path_(std::move(path)), size_(size) {
+  struct stat st{};
+  int err = 0;
+  io::UniqueFd fd = io::open_for_reading(path_, 0, &st, &err);
+  if (!fd.valid() || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != size_) return;
+  fd_ = std::move(fd);
+  dev_ = st.st_dev;
+  ino_ = st.st_ino;
+}
+
+bool BaseFile::link_or_copy(const std::string& target) const {
+  struct stat st{};
+  // Link only the very file that was opened (not one that replaced it since).
+  if (::lstat(path_.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_ &&
+      ::link(path_.c_str(), target.c_str()) == 0) {
+    detail::test_point("reuse_linked");
+    return true;
+  }
+  int err = 0;
+  io::UniqueFd out = io::open_fd(target, O_WRONLY | O_CREAT | O_EXCL, 0644, &err);
+  if (!out.valid()) detail::throw_sys_error(err, "create " + target);
+  copy_ranges_to(out.get(), target, {{0, size_}});
+  return false;
+}
+
+void BaseFile::copy_ranges(const std::string& target,
+                           const std::vector<std::pair<uint64_t, uint64_t>>& ranges) const {
+  int err = 0;
+  io::UniqueFd out = io::open_fd(target, O_WRONLY, 0, &err);
+  if (!out.valid()) detail::throw_sys_error(err, "open " + target);
+  copy_ranges_to(out.get(), target, ranges);
+}
+
+void BaseFile::copy_ranges_to(int out, const std::string& target,
+                              const std::vector<std::pair<uint64_t, uint64_t>>& ranges) const {
+  for (const auto& [begin, end] : ranges) {
+    const int rc = copy_range(fd_.get(), out, begin, end - begin);
+    if (rc < 0) {
+      detail::throw_sys_error(rc, "copy bytes [" + std::to_string(begin) + ", " +
+                                      std::to_string(end) + ") of " + path_ + " into " + target);
+    }
+  }
+  detail::test_point("reuse_copied");
+  if (::fsync(out) != 0) detail::throw_sys_error(-errno, "fsync " + target);
+}
+
+}  // namespace tsnap::pipeline

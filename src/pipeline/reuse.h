@@ -1,0 +1,51 @@
+#pragma once
+// How an incremental save takes bytes from the base snapshot's files (plan::Base) instead of
+// writing them: a file whose chunks all equal the base file's becomes a hard link to that file
+// (no new bytes, no new space); a file with some equal chunks gets those chunks copied by the
+// kernel (copy_file_range: a reflink on filesystems that share extents). The base file is
+// opened when the save starts, so a retention or overwrite that deletes the base snapshot
+// meanwhile cannot take the bytes away: the link then falls back to a copy from that
+// descriptor. Every snapshot stays self-contained (its own directory entry for every file), so
+// deleting any snapshot never breaks another.
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "io/fd.h"
+
+namespace tsnap::pipeline {
+
+/// A base snapshot's file, opened read-only.
+class BaseFile {
+ public:
+  /// Opens `path` when it is a regular file of exactly `size` bytes; otherwise !valid() (the
+  /// save then writes that file in full).
+  BaseFile(std::string path, uint64_t size);
+  bool valid() const { return fd_.get() >= 0; }
+  const std::string& path() const { return path_; }
+
+  /// Makes `target` (which must not exist) hold this file whole: a hard link when `path()` is
+  /// still the file opened, else a copy from the descriptor (fsynced). Returns whether it
+  /// linked. Throws IoError naming both paths.
+  bool link_or_copy(const std::string& target) const;
+  /// Copies the byte ranges [first, second) into `target` (an existing file) at the same
+  /// offsets and fsyncs it. Throws IoError naming both paths.
+  void copy_ranges(const std::string& target,
+                   const std::vector<std::pair<uint64_t, uint64_t>>& ranges) const;
+
+ private:
+  void copy_ranges_to(int out, const std::string& target,
+                      const std::vector<std::pair<uint64_t, uint64_t>>& ranges) const;
+
+  std::string path_;
+  uint64_t size_ = 0;
+  io::UniqueFd fd_;
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
+};
+
+}  // namespace tsnap::pipeline
