@@ -13,39 +13,58 @@ at::Tensor filled(std::initializer_list<int64_t> shape) {
   return at::randn(shape, at::TensorOptions().dtype(at::kFloat));
 }
 
-void add_param(StateDict& sd, const std::string& name, std::initializer_list<int64_t> shape) {
-  sd.insert("model." + name, filled(shape));
-  sd.insert("optim." + name + ".exp_avg", filled(shape));
-  sd.insert("optim." + name + ".exp_avg_sq", filled(shape));
-}
-
-}  // namespace
-
-StateDict gpt2_small_with_adam(double scale) {
+// GPT-2 small's parameters, with their two Adam moments when `adam`.
+StateDict gpt2_small(double scale, bool adam) {
   at::manual_seed(0);
   const int64_t d = std::max<int64_t>(64, static_cast<int64_t>(768 * scale));
   const int64_t vocab = std::max<int64_t>(256, static_cast<int64_t>(50257 * scale));
   StateDict sd;
-  add_param(sd, "wte.weight", {vocab, d});
-  add_param(sd, "wpe.weight", {1024, d});
+  const auto add_param = [&](const std::string& name, std::initializer_list<int64_t> shape) {
+    sd.insert("model." + name, filled(shape));
+    if (!adam) return;
+    sd.insert("optim." + name + ".exp_avg", filled(shape));
+    sd.insert("optim." + name + ".exp_avg_sq", filled(shape));
+  };
+  add_param("wte.weight", {vocab, d});
+  add_param("wpe.weight", {1024, d});
   for (int l = 0; l < 12; ++l) {
     const std::string p = "h." + std::to_string(l) + ".";
-    add_param(sd, p + "ln_1.weight", {d});
-    add_param(sd, p + "ln_1.bias", {d});
-    add_param(sd, p + "attn.c_attn.weight", {d, 3 * d});
-    add_param(sd, p + "attn.c_attn.bias", {3 * d});
-    add_param(sd, p + "attn.c_proj.weight", {d, d});
-    add_param(sd, p + "attn.c_proj.bias", {d});
-    add_param(sd, p + "ln_2.weight", {d});
-    add_param(sd, p + "ln_2.bias", {d});
-    add_param(sd, p + "mlp.c_fc.weight", {d, 4 * d});
-    add_param(sd, p + "mlp.c_fc.bias", {4 * d});
-    add_param(sd, p + "mlp.c_proj.weight", {4 * d, d});
-    add_param(sd, p + "mlp.c_proj.bias", {d});
+    add_param(p + "ln_1.weight", {d});
+    add_param(p + "ln_1.bias", {d});
+    add_param(p + "attn.c_attn.weight", {d, 3 * d});
+    add_param(p + "attn.c_attn.bias", {3 * d});
+    add_param(p + "attn.c_proj.weight", {d, d});
+    add_param(p + "attn.c_proj.bias", {d});
+    add_param(p + "ln_2.weight", {d});
+    add_param(p + "ln_2.bias", {d});
+    add_param(p + "mlp.c_fc.weight", {d, 4 * d});
+    add_param(p + "mlp.c_fc.bias", {4 * d});
+    add_param(p + "mlp.c_proj.weight", {4 * d, d});
+    add_param(p + "mlp.c_proj.bias", {d});
   }
-  add_param(sd, "ln_f.weight", {d});
-  add_param(sd, "ln_f.bias", {d});
+  add_param("ln_f.weight", {d});
+  add_param("ln_f.bias", {d});
   return sd;
+}
+
+}  // namespace
+
+StateDict gpt2_small_with_adam(double scale) { return gpt2_small(scale, true); }
+
+FineTuning gpt2_fine_tuning(double scale) {
+  FineTuning out;
+  out.state = gpt2_small(scale, false);
+  // The head and its two moments are 10 % of the bytes: 3h = (F + 3h) / 10, h = F / 27.
+  const int64_t d = std::max<int64_t>(64, static_cast<int64_t>(768 * scale));
+  const int64_t width = std::max<int64_t>(1, static_cast<int64_t>(out.state.nbytes() / 27 / 4 / d));
+  for (const char* key : {"model.head.weight", "optim.head.weight.exp_avg",
+                          "optim.head.weight.exp_avg_sq"}) {
+    out.state.insert(key, filled({d, width}));
+    out.trained.emplace_back(key);
+  }
+  out.state.insert("optim.step", at::zeros({}, at::kLong));
+  out.trained.emplace_back("optim.step");
+  return out;
 }
 
 StateDict llama_1b_with_adam(double scale) {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tsnap/state_dict.h"
 
@@ -11,6 +12,15 @@ namespace tsnap::bench {
 /// GPT-2 small (124M parameters) with two Adam moments per parameter: ~1.5 GB of fp32.
 /// `scale` in (0, 1] shrinks every layer's width-ish dimension for quick runs.
 StateDict gpt2_small_with_adam(double scale = 1.0);
+
+/// A fine-tuning state: GPT-2 small's parameters as a frozen backbone (no optimizer state) and
+/// a trained head with two Adam moments, the head's three tensors being 10 % of the bytes
+/// (~0.55 GB at scale 1). `trained` lists the keys a training step changes.
+struct FineTuning {
+  StateDict state;
+  std::vector<std::string> trained;
+};
+FineTuning gpt2_fine_tuning(double scale = 1.0);
 
 /// TinyLlama-1.1B-like layer shapes (22 layers, hidden 2048, MLP 5632, 4 KV heads of 64, vocab
 /// 32000) with two Adam moments per parameter: ~13 GB of fp32; `scale` shrinks the widths.

@@ -91,7 +91,8 @@ nlohmann::json to_json(const fs::path& path, const Manifest& m) {
                      {"data_offset", f.data_offset},
                      {"chunk_bytes", f.chunk_bytes},
                      {"chunks", f.chunk_hashes.size()},
-                     {"rank", f.rank}});
+                     {"rank", f.rank},
+                     {"reused_from", f.reused_from}});
   }
   nlohmann::json keys = nlohmann::json::array();
   for (const KeyView& k : key_views(m)) {

@@ -54,11 +54,25 @@ uint64_t size_of(const Listed& entry) {
   return entry.manifest->total_bytes() + manifest_bytes(entry.path);
 }
 
+// Bytes of the shard files that an incremental save took whole from an earlier snapshot (hard
+// links: shared with it, not new space).
+uint64_t reused_of(const Listed& entry) {
+  uint64_t total = 0;
+  if (entry.manifest) {
+    for (const FileRecord& f : entry.manifest->files) {
+      if (!f.reused_from.empty()) total += f.size;
+    }
+  }
+  return total;
+}
+
 nlohmann::json to_json(const Listed& entry) {
   nlohmann::json j = {{"name", entry.name},
                       {"path", entry.path.string()},
                       {"status", status_name(entry)},
-                      {"bytes", size_of(entry)}};
+                      {"bytes", size_of(entry)},
+                      {"reused_bytes", reused_of(entry)},
+                      {"written_bytes", size_of(entry) - reused_of(entry)}};
   if (!entry.problem.empty()) j["problem"] = plain_message(entry.problem);
   if (const auto& m = entry.manifest) {
     j["id"] = m->id;
@@ -102,12 +116,14 @@ int run_ls(const LsOptions& options) {
     std::cerr << "no snapshots under " << options.root.string() << '\n';
     return kExitOk;
   }
-  Table table({"NAME", "CREATED", "SIZE", "TENSORS", "RANKS", "STATUS"});
-  for (size_t c : {2, 3, 4}) table.set_numeric(c);
+  Table table({"NAME", "CREATED", "SIZE", "REUSED", "TENSORS", "RANKS", "STATUS"});
+  for (size_t c : {2, 3, 4, 5}) table.set_numeric(c);
   for (const Listed& entry : entries) {
     const auto& m = entry.manifest;
     table.add_row({entry.name, m ? local_time(m->created_unix_ns) : "-",
-                   human_bytes(size_of(entry)), m ? std::to_string(m->tensors.size()) : "-",
+                   human_bytes(size_of(entry)),
+                   reused_of(entry) > 0 ? human_bytes(reused_of(entry)) : "-",
+                   m ? std::to_string(m->tensors.size()) : "-",
                    m ? std::to_string(m->world_size) : "-", status_text(entry)});
   }
   table.print(std::cout);
@@ -122,7 +138,8 @@ Command add_ls(CLI::App& app) {
   sub->footer(
       "List every snapshot directory under ROOT, oldest first: committed snapshots, temporary "
       "directories of unfinished saves, and directories whose manifest is missing or corrupt. "
-      "SIZE counts the shard files and the manifest. TENSORS counts records (a key stored as "
+      "SIZE counts the shard files and the manifest; REUSED is the part of it that an incremental "
+      "save took whole from an earlier snapshot (hard links: no new space). TENSORS counts records (a key stored as "
       "pieces has one per piece); RANKS is the world size of the save that wrote it.");
   sub->add_option("ROOT", options->root, "Directory that holds the snapshots")
       ->required()

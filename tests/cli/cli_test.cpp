@@ -16,6 +16,7 @@
 #include "support/test_util.h"
 #include "support/tool_run.h"
 #include "tsnap/load.h"
+#include "tsnap/snapshotter.h"
 #include "tsnap/save.h"
 
 namespace tsnap {
@@ -128,6 +129,30 @@ TEST_F(Cli, SizesIncludeTheManifest) {
   EXPECT_EQ(list[0]["bytes"], on_disk);
   const ToolRun inspect = tsnap_cli("inspect " + quoted(snap()));
   EXPECT_TRUE(has(inspect.output, "+ MANIFEST.json (")) << inspect.output;
+}
+
+TEST_F(Cli, LsShowsWhatAnIncrementalSaveReused) {
+  const fs::path inc = root() / "inc";
+  {
+    SnapshotterOptions o;
+    o.root = inc;
+    o.chunk_bytes = 64 << 10;
+    o.incremental = true;
+    Snapshotter snap(o);
+    snap.save_async("a", test_support::fine_tuning_state(1)).wait();
+    snap.save_async("b", test_support::fine_tuning_state(2)).wait();
+  }
+  const ToolRun run = tsnap_cli("ls --json " + quoted(inc));
+  ASSERT_EQ(run.status, 0) << run.output;
+  const nlohmann::json list = nlohmann::json::parse(run.output);
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_EQ(list[0]["reused_bytes"], 0);
+  EXPECT_GT(list[1]["reused_bytes"].get<uint64_t>(), list[1]["bytes"].get<uint64_t>() / 2);
+  EXPECT_EQ(list[1]["written_bytes"].get<uint64_t>() + list[1]["reused_bytes"].get<uint64_t>(),
+            list[1]["bytes"].get<uint64_t>());
+  const ToolRun table = tsnap_cli("ls " + quoted(inc));
+  EXPECT_TRUE(has(table.output, "REUSED")) << table.output;
+  EXPECT_EQ(tsnap_cli("verify " + quoted(inc / "b")).status, 0);
 }
 
 TEST_F(Cli, InspectOfARootSuggestsLs) {
