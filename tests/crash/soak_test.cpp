@@ -79,6 +79,7 @@ const StateDict& base_state() {
     sd.insert("w", make_tensor(at::kFloat, {3, 40000}, 11));
     sd.insert("h", make_tensor(at::kBFloat16, {50000}, 12));
     sd.insert("n", at::zeros({1}, at::kLong));
+    sd.insert("frozen", make_tensor(at::kFloat, {40000}, 13));  // never changes
     return sd;
   }();
   return base;
@@ -86,7 +87,9 @@ const StateDict& base_state() {
 
 StateDict expected_state(int64_t step) {
   StateDict sd;
-  for (const auto& [key, entry] : base_state()) sd.insert(key, entry.tensor + step);
+  for (const auto& [key, entry] : base_state()) {
+    sd.insert(key, key == "frozen" ? entry.tensor : entry.tensor + step);
+  }
   return sd;
 }
 
@@ -120,13 +123,14 @@ enum Kind {
   kFsyncDirAfter,
   kRead,
   kRemoveTree,
+  kReuse,
   kApply,
   kNumKinds
 };
 constexpr const char* kKindNames[kNumKinds] = {
     "mkdir",       "open",        "write",        "write.done", "fsync",
     "fsync.after", "rename",      "rename.after", "fsync_dir",  "fsync_dir.after",
-    "read",        "remove_tree", "apply"};
+    "read",        "remove_tree", "reuse",      "apply"};
 
 int kind_of(const std::string& name) {
   for (int i = 0; i < kNumKinds; ++i) {
@@ -219,13 +223,17 @@ class KillPointEngine final : public io::ForwardingEngine {
           std::make_shared<KillPointEngine>(io::make_pwrite_engine(2)));
       detail::set_test_point_callback([](const char* p) {
         if (std::strcmp(p, "remove_tree") == 0) point(kRemoveTree);
+        if (std::strncmp(p, "reuse_", 6) == 0) point(kReuse);
       });
     }
+    // TSNAP_SOAK_INCREMENTAL=1 (the incremental soak): saves reuse the frozen tensor's file.
+    const char* incremental = std::getenv("TSNAP_SOAK_INCREMENTAL");
     Snapshotter snap({.root = root,
                       .staging_budget_bytes = 1 << 20,
                       .chunk_bytes = 64 << 10,
                       .stage_threads = 1,
-                      .io_threads = 2});
+                      .io_threads = 2,
+                      .incremental = incremental != nullptr && *incremental == '1'});
     StateDict live;
     for (const auto& [key, entry] : base_state()) live.insert(key, entry.tensor.clone());
     PeriodicSnapshots hook(
@@ -573,9 +581,7 @@ class Checker {
   std::vector<std::string> messages_;
 };
 
-TEST(CrashSoak, KilledPeriodicWriterKeepsCommittedSnapshotsAndResumesExactly) {
-  const int random_kills = env_int("TSNAP_SOAK_RANDOM_KILLS", 80);
-  const int chosen_kills = env_int("TSNAP_SOAK_CHOSEN_KILLS", 140);
+void soak(int random_kills, int chosen_kills) {
   const bool verbose = env_int("TSNAP_SOAK_VERBOSE", 0) != 0;
   const auto began = std::chrono::steady_clock::now();
   // Under the temp directory, as the other crash tests; TSNAP_SOAK_DIR picks another place.
@@ -697,6 +703,18 @@ TEST(CrashSoak, KilledPeriodicWriterKeepsCommittedSnapshotsAndResumesExactly) {
   for (const std::string& m : check.messages()) ADD_FAILURE() << m;
   EXPECT_EQ(check.violations(), 0);
   EXPECT_GE(chosen_hit + random_hit, (chosen_kills + random_kills) / 2);
+}
+
+TEST(CrashSoak, KilledPeriodicWriterKeepsCommittedSnapshotsAndResumesExactly) {
+  soak(env_int("TSNAP_SOAK_RANDOM_KILLS", 80), env_int("TSNAP_SOAK_CHOSEN_KILLS", 140));
+}
+
+// The same with incremental saves: snapshots share the frozen tensor's file through hard links,
+// and kills also land in the reuse of the base's files ("reuse": linked or copied in).
+TEST(CrashSoak, KilledIncrementalWriterKeepsCommittedSnapshotsAndResumesExactly) {
+  ::setenv("TSNAP_SOAK_INCREMENTAL", "1", 1);
+  soak(env_int("TSNAP_SOAK_RANDOM_KILLS", 80) / 2, env_int("TSNAP_SOAK_CHOSEN_KILLS", 140) / 2);
+  ::unsetenv("TSNAP_SOAK_INCREMENTAL");
 }
 
 }  // namespace
