@@ -74,10 +74,10 @@ struct TSNAP_API SnapshotterOptions {
 
 /// The outcome of copying one snapshot to the durable tier. Value type.
 struct TSNAP_API DrainRecord {
-  std::string name;   ///< The snapshot's name (the same under both roots).
-  std::string id;     ///< Its save id.
-  bool ok = false;    ///< Committed in the durable tier.
-  std::string error;  ///< The failure's message when !ok (names the file and chunk).
+  std::string name;    ///< The snapshot's name (the same under both roots).
+  std::string id;      ///< Its save id.
+  bool ok = false;     ///< Committed in the durable tier.
+  std::string error;   ///< The failure's message when !ok (names the file and chunk).
   uint64_t bytes = 0;  ///< Bytes copied (shard files and manifest).
   double seconds = 0;  ///< From the start of the copy to the durable commit.
   /// Local snapshots removed after it by `local_keep_last`.
@@ -86,10 +86,10 @@ struct TSNAP_API DrainRecord {
 
 /// The drain's figures so far. Value type.
 struct TSNAP_API DrainStats {
-  int64_t drained = 0;  ///< Snapshots committed in the durable tier.
-  int64_t failed = 0;   ///< Drains that failed (each also reported by drain_wait).
-  uint64_t bytes = 0;   ///< Bytes copied by successful drains.
-  double seconds = 0;   ///< Time spent by successful drains.
+  int64_t drained = 0;     ///< Snapshots committed in the durable tier.
+  int64_t failed = 0;      ///< Drains that failed (each also reported by drain_wait).
+  uint64_t bytes = 0;      ///< Bytes copied by successful drains.
+  double seconds = 0;      ///< Time spent by successful drains.
   std::string last_error;  ///< The latest failure's message, empty if none.
 };
 

@@ -584,7 +584,8 @@ int64_t PeriodicSnapshots::resume(const ApplyCheckpoint& apply) {
   for (const std::filesystem::path& root : roots) {
     for (const Listed& l : list(root)) {
       if (!l.committed) {
-        m.log("tsnap: resume skips " + l.path.string() + ": " + l.problem);
+        m.log("tsnap: resume skips " + (roots.size() > 1 ? l.path.string() : l.name) + ": " +
+              l.problem);
         continue;
       }
       const format::SnapshotAge age{format::step_of(l.manifest->metadata),
@@ -607,8 +608,9 @@ int64_t PeriodicSnapshots::resume(const ApplyCheckpoint& apply) {
     apply(*checkpoint);
     const int64_t step = *c.age.step;
     m.last_step = step;
-    m.log("tsnap: resumed from " + (roots.size() > 1 ? c.path.string() : c.path.filename().string()) +
-          " (step " + std::to_string(step) + ")");
+    m.log("tsnap: resumed from " +
+          (roots.size() > 1 ? c.path.string() : c.path.filename().string()) + " (step " +
+          std::to_string(step) + ")");
     return step;
   }
   m.log("tsnap: nothing to resume under " + m.snapshotter.root().string() + ", starting at 0");

@@ -32,9 +32,9 @@ SnapshotFacts facts_of(int64_t step, const Manifest& m, const std::string& metri
 
 }  // namespace
 
-std::vector<std::string> apply_retention(const fs::path& root, const Schedule& schedule,
-                                         int64_t newest_step, const RetentionProbe& probe,
-                                         const std::function<bool(const std::string&)>& may_delete) {
+std::vector<std::string> apply_retention(
+    const fs::path& root, const Schedule& schedule, int64_t newest_step,
+    const RetentionProbe& probe, const std::function<bool(const std::string&)>& may_delete) {
   std::vector<std::string> deleted;
   if (!schedule.retains()) return deleted;
   std::map<int64_t, fs::path> committed;

@@ -40,9 +40,9 @@ using RetentionProbe = std::function<void(RetentionPoint, const std::filesystem:
 /// error (it is a temporary now, removed by a later writer). Not thread-safe for one root.
 /// `may_delete` (when set) is asked about each expired snapshot by name; one it refuses stays
 /// (the local tier of a two-tier Snapshotter keeps the snapshots not drained yet).
-std::vector<std::string> apply_retention(const std::filesystem::path& root,
-                                         const Schedule& schedule, int64_t newest_step,
-                                         const RetentionProbe& probe = {},
-                                         const std::function<bool(const std::string&)>& may_delete = {});
+std::vector<std::string> apply_retention(
+    const std::filesystem::path& root, const Schedule& schedule, int64_t newest_step,
+    const RetentionProbe& probe = {},
+    const std::function<bool(const std::string&)>& may_delete = {});
 
 }  // namespace tsnap::policy
