@@ -96,8 +96,8 @@ struct TSNAP_API PeriodicOptions {
   SaveOptions save;
   WhenBusy when_busy = WhenBusy::kSkip;
   /// Receives one line per event (snapshot committed or failed, skipped, resumed, summary).
-  /// Calls never overlap; they come from the training thread or the hook's thread, and must not
-  /// call back into the hook. Null: no log. Default: `log_to_stderr`.
+  /// Calls never overlap; they come from the training thread, the hook's thread or (two tiers)
+  /// the Snapshotter's drain thread, and must not call back into the hook. Null: no log. Default: `log_to_stderr`.
   std::function<void(const std::string&)> log = log_to_stderr;
   /// Receives each snapshot's record once it has committed or failed (and retention ran), for
   /// a training logger (`nlohmann::json j = record;`). Same threads and rules as `log`; an
@@ -128,6 +128,11 @@ struct TSNAP_API PeriodicOptions {
 /// snapshot commits, and deletes crash-safely (rename to a temporary name, then remove), so a
 /// crash at any moment leaves at least one complete snapshot. Stale temporaries of crashed
 /// writers are removed when a Snapshotter starts alone on the root (a `flock` on the root).
+/// With a two-tier Snapshotter (SnapshotterOptions::durable_root) retention runs after each
+/// drain instead, on the drain thread: the keep rules on the durable root, then on the local
+/// root, where a snapshot not drained yet is never deleted (the Snapshotter's local_keep_last
+/// applies there too). `resume` considers both roots (on a tie the local copy; the durable copy
+/// when the local one fails to load), and `finish` also waits for the drain.
 ///
 /// Distributed (the Snapshotter has a DistGroup; every rank runs the same hook and calls
 /// `after_step` with the same steps): steps-based snapshots are taken by every rank at the same
@@ -185,9 +190,10 @@ class TSNAP_API PeriodicSnapshots {
   /// The signal that stopped training, 0 while none has.
   int stop_signal() const;
 
-  /// Waits for the save in flight and its retention, logs a summary line and returns the stats.
-  /// Errors: the first error of a background save that was not thrown already (the stats stay
-  /// available through `stats()`).
+  /// Waits for the save in flight and its retention (two tiers: and for the drain, see
+  /// Snapshotter::drain_wait), logs a summary line and returns the stats. Errors: the first
+  /// error of a background save that was not thrown already, else a drain failure not thrown
+  /// yet (the stats stay available through `stats()`).
   PeriodicStats finish();
 
   /// The figures so far (complete for every snapshot that has finished).

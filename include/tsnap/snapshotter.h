@@ -5,10 +5,12 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "tsnap/engine_kind.h"
 #include "tsnap/export.h"
@@ -53,12 +55,53 @@ struct TSNAP_API SnapshotterOptions {
   /// commits the one snapshot once every rank's files are durable. Every rank's handle then
   /// completes with the same outcome.
   std::shared_ptr<DistGroup> group;
+
+  /// A second, slower tier (e.g. a network filesystem), empty for none. Saves commit to `root`
+  /// (the fast local tier: the training's stall and durability point); a background drain then
+  /// copies each committed snapshot to `<durable_root>/<name>` with the same commit protocol,
+  /// checking every chunk's XXH3-64 before it writes it, so a durable snapshot is never one that
+  /// verifies wrong. At construction the drain starts with the committed snapshots of `root`
+  /// that the durable tier lacks (oldest first: a drain interrupted by a crash resumes), after
+  /// removing stale temporaries of the durable root (as on `root`). Not with `group`
+  /// (kUnsupported). See Snapshotter::drain_wait.
+  std::filesystem::path durable_root;
+  /// The drain's copy rate in bytes per second (writes paced in pieces of 1 MiB), 0 = unlimited.
+  uint64_t drain_bytes_per_second = 0;
+  /// With a durable tier: after each drain, the local tier keeps the newest `local_keep_last`
+  /// committed snapshots (format.md's age rule) and removes older ones, but only those already
+  /// in the durable tier (an undrained snapshot is never removed) and none being saved. 0 keeps
+  /// everything. Retention of the durable tier is the user's (PeriodicSnapshots' keep rules).
+  int local_keep_last = 2;
 };
 
-/// Takes snapshots under `options.root`.
+/// The outcome of copying one snapshot to the durable tier. Value type.
+struct TSNAP_API DrainRecord {
+  std::string name;    ///< The snapshot's name (the same under both roots).
+  std::string id;      ///< Its save id.
+  bool ok = false;     ///< Committed in the durable tier.
+  std::string error;   ///< The failure's message when !ok (names the file and chunk).
+  uint64_t bytes = 0;  ///< Bytes copied (shard files and manifest).
+  double seconds = 0;  ///< From the start of the copy to the durable commit.
+  /// Local snapshots removed after it by `local_keep_last`.
+  std::vector<std::string> deleted_local;
+};
+
+/// The drain's figures so far. Value type.
+struct TSNAP_API DrainStats {
+  int64_t drained = 0;     ///< Snapshots committed in the durable tier.
+  int64_t failed = 0;      ///< Drains that failed (each also reported by drain_wait).
+  uint64_t bytes = 0;      ///< Bytes copied by successful drains.
+  double seconds = 0;      ///< Time spent by successful drains.
+  std::string last_error;  ///< The latest failure's message, empty if none.
+};
+
+/// Takes snapshots under `options.root` (and drains them to `options.durable_root`).
 /// Thread-safety: all methods may be called from any thread. Ownership: owns its buffers and
 /// threads. Destruction waits for every save in flight to commit or fail (never leaves a
 /// committed-looking partial snapshot); callers that want to give up call `wait_all()` first.
+/// It does not wait for the drain: a copy in progress is stopped and its temporary removed, and
+/// the next Snapshotter on the same roots drains what is missing; call drain_wait() first to
+/// have everything durable.
 class TSNAP_API Snapshotter {
  public:
   /// Allocates and pre-faults the staging pool and starts the io thread.
@@ -95,8 +138,29 @@ class TSNAP_API Snapshotter {
   uint64_t staging_budget_bytes() const;
   /// The group of a distributed Snapshotter (SnapshotterOptions::group), null otherwise.
   const std::shared_ptr<DistGroup>& group() const;
-  /// The newest committed snapshot under root (see tsnap::latest), if any.
+  /// The newest committed snapshot under root and, with a durable tier, under durable_root
+  /// (format.md's age rule; on a tie the local one), if any.
   std::optional<std::filesystem::path> latest() const;
+
+  /// The durable tier's root (SnapshotterOptions::durable_root); empty without one.
+  const std::filesystem::path& durable_root() const;
+  /// Blocks until every snapshot committed under root before the call is drained to the
+  /// durable tier (or its drain failed; a drain that failed before for a reason other than bad
+  /// local bytes is retried first). Throws the first drain failure not thrown yet whose
+  /// snapshot has not drained since (IoError, FormatError kHashMismatch/kTruncated naming the
+  /// local file and chunk, ...). Returns at once without a durable tier. Thread-safe.
+  void drain_wait();
+  /// True when the committed local snapshot `name` is in the durable tier (the same save), or
+  /// was and was removed there by retention. False without a durable tier.
+  bool drained(const std::string& name) const;
+  /// The drain's figures so far.
+  DrainStats drain_stats() const;
+  /// Adds `fn`, called with each drain's record (success or failure) on the drain thread,
+  /// after local_keep_last ran; it must not call drain_wait. Returns an id for
+  /// remove_drain_listener. An exception it throws is swallowed.
+  int add_drain_listener(std::function<void(const DrainRecord&)> fn);
+  /// Removes a listener; once it returns, the listener is not running and is never called again.
+  void remove_drain_listener(int id);
 
  private:
   struct Impl;

@@ -19,6 +19,7 @@
 #include "format/manifest_io.h"
 #include "format/safetensors.h"
 #include "pipeline/coordinator.h"
+#include "pipeline/drain.h"
 #include "pipeline/rank_report.h"
 #include "pipeline/resources.h"
 #include "pipeline/root_lock.h"
@@ -51,8 +52,10 @@ struct Snapshotter::Impl {
   // The base of an incremental save: the last snapshot committed here, else the newest under
   // the root; null when there is none (or it cannot be read: the save is then a full one).
   std::unique_ptr<plan::Base> find_base();
+  std::unique_ptr<pipeline::Drain> drain;  // with a durable tier (drain.h)
 
   void make_pool(uint64_t budget);
+  void start_drain();
   void ensure_pool(const plan::Plan& plan);
 
   SaveHandle start(const std::string& name, const std::string& id, const StateDict& state,
@@ -102,6 +105,35 @@ Snapshotter::Impl::Impl(SnapshotterOptions options) {
   request.io_threads = o.io_threads;
   res.host = io::host_for_save(request, o.direct_io, o.root.string());
   if (o.staging_budget_bytes > 0) make_pool(o.staging_budget_bytes);
+  if (!o.durable_root.empty()) start_drain();
+}
+
+void Snapshotter::Impl::start_drain() {
+  const SnapshotterOptions& o = res.options;
+  if (o.group) {
+    throw_error(ErrorCode::kUnsupported,
+                "SnapshotterOptions::durable_root is not supported with a DistGroup");
+  }
+  if (o.local_keep_last < 0) {
+    throw_error(ErrorCode::kInvalidArgument, "local_keep_last must be >= 0");
+  }
+  std::error_code ec;
+  fs::create_directories(o.durable_root, ec);
+  if (!ec && fs::equivalent(o.root, o.durable_root, ec)) {
+    throw_error(ErrorCode::kInvalidArgument,
+                "durable_root " + o.durable_root.string() + " is the root itself");
+  }
+  pipeline::DrainConfig config;
+  config.local_root = o.root;
+  config.durable_root = o.durable_root;
+  config.bytes_per_second = o.drain_bytes_per_second;
+  config.local_keep_last = o.local_keep_last;
+  config.background = o.background_priority;
+  config.busy = [this](const std::string& name) {
+    std::lock_guard<std::mutex> lock(mu);
+    return names.count(name) != 0;
+  };
+  drain = std::make_unique<pipeline::Drain>(std::move(config));
 }
 
 void Snapshotter::Impl::make_pool(uint64_t budget) {
@@ -159,6 +191,7 @@ Snapshotter::Impl::~Impl() {
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return running == 0; });
   }
+  drain.reset();  // stops a copy in progress (drain.h); the next Snapshotter resumes it
   res.blocking->join();
   res.host.reset();  // after every save: closes the ring, then joins the io thread
 }
@@ -206,6 +239,7 @@ void Snapshotter::Impl::release_slot(const std::string& name) {
 }
 
 void Snapshotter::Impl::completed() {
+  if (drain) drain->request();  // a new local commit (or a failure: a pass is then a no-op)
   {
     std::lock_guard<std::mutex> lock(mu);
     --running;
@@ -325,6 +359,41 @@ const std::shared_ptr<DistGroup>& Snapshotter::group() const { return impl_->res
 
 std::string Snapshotter::engine_name() const { return impl_->res.host->name(); }
 
-std::optional<fs::path> Snapshotter::latest() const { return tsnap::latest(root()); }
+std::optional<fs::path> Snapshotter::latest() const {
+  std::optional<fs::path> local = tsnap::latest(root());
+  if (!impl_->drain) return local;
+  std::optional<fs::path> durable = tsnap::latest(durable_root());
+  if (!local || !durable) return local ? local : durable;
+  try {
+    const Manifest a = read_manifest(*local), b = read_manifest(*durable);
+    const format::SnapshotAge local_age{format::step_of(a.metadata), a.created_unix_ns};
+    const format::SnapshotAge durable_age{format::step_of(b.metadata), b.created_unix_ns};
+    return format::newer(durable_age, local_age) ? durable : local;  // a tie: the local one
+  } catch (const Error&) {
+    return local;  // one was removed or replaced since: ask again for an exact answer
+  }
+}
+
+const fs::path& Snapshotter::durable_root() const { return impl_->res.options.durable_root; }
+
+void Snapshotter::drain_wait() {
+  if (impl_->drain) impl_->drain->wait();
+}
+
+bool Snapshotter::drained(const std::string& name) const {
+  return impl_->drain && impl_->drain->drained(name);
+}
+
+DrainStats Snapshotter::drain_stats() const {
+  return impl_->drain ? impl_->drain->stats() : DrainStats{};
+}
+
+int Snapshotter::add_drain_listener(std::function<void(const DrainRecord&)> fn) {
+  return impl_->drain ? impl_->drain->add_listener(std::move(fn)) : -1;
+}
+
+void Snapshotter::remove_drain_listener(int id) {
+  if (impl_->drain) impl_->drain->remove_listener(id);
+}
 
 }  // namespace tsnap

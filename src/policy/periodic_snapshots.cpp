@@ -89,6 +89,9 @@ struct PeriodicSnapshots::Impl {
   void restore_signals();
   void on_completed(SnapshotRecord record, const SaveHandle& handle, std::exception_ptr error);
 
+  // Drain thread (a two-tier Snapshotter): retention of both tiers after each drain.
+  void on_drained(const DrainRecord& record);
+
   Snapshotter& snapshotter;
   const Schedule schedule;
   const MakeCheckpoint make_checkpoint;
@@ -139,6 +142,7 @@ struct PeriodicSnapshots::Impl {
   int pending = 0;                // saves started whose completion is not yet processed
   std::exception_ptr unreported;  // first failure not thrown yet
   std::mutex log_mu;
+  int drain_listener = -1;  // with a durable tier: on_drained's id
 };
 
 namespace {
@@ -208,6 +212,10 @@ PeriodicSnapshots::Impl::Impl(Snapshotter& snap, Schedule sched, MakeCheckpoint 
     if (schedule.options().every_seconds > 0 && (!coord || coord->rank() == 0)) arm_timer(0);
     if (coord) poll_triggers();
     thread = std::thread([this] { io.run(); });
+    if (!snapshotter.durable_root().empty()) {
+      drain_listener =
+          snapshotter.add_drain_listener([this](const DrainRecord& r) { on_drained(r); });
+    }
   } catch (...) {
     signals.clear();
     restore_signals();
@@ -216,6 +224,7 @@ PeriodicSnapshots::Impl::Impl(Snapshotter& snap, Schedule sched, MakeCheckpoint 
 }
 
 PeriodicSnapshots::Impl::~Impl() {
+  if (drain_listener >= 0) snapshotter.remove_drain_listener(drain_listener);
   if (current.valid()) wait_quietly(current);
   wait_processed();
   asio::post(io, [this] {
@@ -368,6 +377,8 @@ void PeriodicSnapshots::Impl::on_completed(SnapshotRecord record, const SaveHand
   record.committed = error == nullptr;
   if (error) {
     record.error = message_of(error);
+  } else if (!snapshotter.durable_root().empty()) {
+    // Two tiers: retention runs after the drain (on_drained), where both tiers are known.
   } else if (!coord || coord->rank() == 0) {  // in a group, rank 0 alone deletes
     try {
       record.deleted = policy::apply_retention(snapshotter.root(), schedule, record.step);
@@ -392,6 +403,49 @@ void PeriodicSnapshots::Impl::on_completed(SnapshotRecord record, const SaveHand
     --pending;
   }
   cv.notify_all();
+}
+
+void PeriodicSnapshots::Impl::on_drained(const DrainRecord& record) {
+  const std::string durable = snapshotter.durable_root().string();
+  if (!record.ok) {
+    log("tsnap: drain of " + record.name + " to " + durable + " FAILED: " + record.error);
+    return;
+  }
+  // The schedule's keep rules, on each tier separately; the local tier keeps what is not
+  // drained yet (a snapshot committed after this one, or one whose drain failed).
+  std::vector<std::string> deleted_durable, deleted_local;
+  const std::optional<int64_t> step = format::parse_step_name(record.name);
+  if (step && schedule.retains()) {
+    try {
+      deleted_durable = policy::apply_retention(durable, schedule, *step);
+    } catch (const std::exception& e) {
+      log("tsnap: durable retention after " + record.name + " stopped: " + e.what());
+    }
+    try {
+      deleted_local = policy::apply_retention(
+          snapshotter.root(), schedule, *step, {},
+          [this](const std::string& name) { return snapshotter.drained(name); });
+    } catch (const std::exception& e) {
+      log("tsnap: local retention after " + record.name + " stopped: " + e.what());
+    }
+  }
+  for (const std::string& name : record.deleted_local) deleted_local.push_back(name);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stats.deleted += static_cast<int64_t>(deleted_durable.size());
+  }
+  char figures[96];
+  std::snprintf(figures, sizeof figures, " (%.1f MB in %.2f s, %.1f MB/s)", record.bytes / 1e6,
+                record.seconds, record.seconds > 0 ? record.bytes / 1e6 / record.seconds : 0.0);
+  std::string line = "tsnap: " + record.name + " drained to " + durable + figures;
+  auto names = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (const std::string& n : v) out += (out.empty() ? "" : ", ") + n;
+    return out;
+  };
+  if (!deleted_durable.empty()) line += "; durable retention deleted " + names(deleted_durable);
+  if (!deleted_local.empty()) line += "; local tier removed " + names(deleted_local);
+  log(line);
 }
 
 void PeriodicSnapshots::Impl::wait_processed() {
@@ -523,18 +577,26 @@ int64_t PeriodicSnapshots::resume(const ApplyCheckpoint& apply) {
     std::filesystem::path path;
   };
   std::vector<Candidate> candidates;
-  for (const Listed& l : list(m.snapshotter.root())) {
-    if (!l.committed) {
-      m.log("tsnap: resume skips " + l.name + ": " + l.problem);
-      continue;
+  // Both tiers of a two-tier Snapshotter: the local one first, so that it wins a tie (the same
+  // snapshot in both), and the durable copy is the fallback when the local one fails to load.
+  std::vector<std::filesystem::path> roots{m.snapshotter.root()};
+  if (!m.snapshotter.durable_root().empty()) roots.push_back(m.snapshotter.durable_root());
+  for (const std::filesystem::path& root : roots) {
+    for (const Listed& l : list(root)) {
+      if (!l.committed) {
+        m.log("tsnap: resume skips " + (roots.size() > 1 ? l.path.string() : l.name) + ": " +
+              l.problem);
+        continue;
+      }
+      const format::SnapshotAge age{format::step_of(l.manifest->metadata),
+                                    l.manifest->created_unix_ns};
+      if (age.step) candidates.push_back({age, l.path});  // only periodic snapshots resume
     }
-    const format::SnapshotAge age{format::step_of(l.manifest->metadata),
-                                  l.manifest->created_unix_ns};
-    if (age.step) candidates.push_back({age, l.path});  // only periodic snapshots resume
   }
-  std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
-    return format::newer(a.age, b.age);  // the order of tsnap::latest()
-  });
+  std::stable_sort(candidates.begin(), candidates.end(),
+                   [](const Candidate& a, const Candidate& b) {
+                     return format::newer(a.age, b.age);  // the order of tsnap::latest()
+                   });
   for (const Candidate& c : candidates) {
     std::optional<Checkpoint> checkpoint;
     try {
@@ -546,8 +608,9 @@ int64_t PeriodicSnapshots::resume(const ApplyCheckpoint& apply) {
     apply(*checkpoint);
     const int64_t step = *c.age.step;
     m.last_step = step;
-    m.log("tsnap: resumed from " + c.path.filename().string() + " (step " + std::to_string(step) +
-          ")");
+    m.log("tsnap: resumed from " +
+          (roots.size() > 1 ? c.path.string() : c.path.filename().string()) + " (step " +
+          std::to_string(step) + ")");
     return step;
   }
   m.log("tsnap: nothing to resume under " + m.snapshotter.root().string() + ", starting at 0");
@@ -607,6 +670,13 @@ PeriodicStats PeriodicSnapshots::finish() {
   Impl& m = *impl_;
   if (m.current.valid()) wait_quietly(m.current);
   m.wait_processed();
+  // A two-tier Snapshotter: the run's snapshots are in the durable tier too before it ends.
+  std::exception_ptr drain_error;
+  try {
+    m.snapshotter.drain_wait();
+  } catch (...) {
+    drain_error = std::current_exception();
+  }
   PeriodicStats s = stats();
   m.log(policy::summary_line(s));
   std::exception_ptr error;
@@ -615,6 +685,7 @@ PeriodicStats PeriodicSnapshots::finish() {
     std::swap(error, m.unreported);
   }
   if (error) std::rethrow_exception(error);
+  if (drain_error) std::rethrow_exception(drain_error);
   return s;
 }
 

@@ -32,8 +32,9 @@ SnapshotFacts facts_of(int64_t step, const Manifest& m, const std::string& metri
 
 }  // namespace
 
-std::vector<std::string> apply_retention(const fs::path& root, const Schedule& schedule,
-                                         int64_t newest_step, const RetentionProbe& probe) {
+std::vector<std::string> apply_retention(
+    const fs::path& root, const Schedule& schedule, int64_t newest_step,
+    const RetentionProbe& probe, const std::function<bool(const std::string&)>& may_delete) {
   std::vector<std::string> deleted;
   if (!schedule.retains()) return deleted;
   std::map<int64_t, fs::path> committed;
@@ -47,6 +48,7 @@ std::vector<std::string> apply_retention(const fs::path& root, const Schedule& s
   for (int64_t step : schedule.expired(std::move(facts))) {
     const fs::path& path = committed.at(step);
     const std::string name = path.filename().string();
+    if (may_delete && !may_delete(name)) continue;
     if (probe) probe(RetentionPoint::kBeforeRename, path);
     const fs::path temporary = pipeline::remove_snapshot(path, [&](const fs::path& renamed) {
       if (probe) probe(RetentionPoint::kRenamed, renamed);

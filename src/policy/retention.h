@@ -38,8 +38,11 @@ using RetentionProbe = std::function<void(RetentionPoint, const std::filesystem:
 /// Returns the names deleted, oldest first. Errors: IoError naming the directory and errno when a
 /// rename fails (earlier deletions stand); a failed removal of a renamed directory is not an
 /// error (it is a temporary now, removed by a later writer). Not thread-safe for one root.
-std::vector<std::string> apply_retention(const std::filesystem::path& root,
-                                         const Schedule& schedule, int64_t newest_step,
-                                         const RetentionProbe& probe = {});
+/// `may_delete` (when set) is asked about each expired snapshot by name; one it refuses stays
+/// (the local tier of a two-tier Snapshotter keeps the snapshots not drained yet).
+std::vector<std::string> apply_retention(
+    const std::filesystem::path& root, const Schedule& schedule, int64_t newest_step,
+    const RetentionProbe& probe = {},
+    const std::function<bool(const std::string&)>& may_delete = {});
 
 }  // namespace tsnap::policy

@@ -1,0 +1,438 @@
+/// \file
+/// The drain of a two-tier Snapshotter; the protocol and its passes are in drain.h. The copy
+/// of one snapshot, step by step:
+///   1. `SnapshotDir::open(<local>/<name>)`, then MANIFEST.json read through that descriptor
+///      and parsed (the bytes are kept: the durable manifest is the same text);
+///   2. `<durable>/<name>` holds the same id: known durable, nothing to copy; a different,
+///      newer save (format.md's age rule): superseded, nothing to copy;
+///   3. mkdir `<durable>/.<name>.tmp-<new id>`; for each file of the manifest, in manifest
+///      order: open it relative to the local directory (gone and the local name replaced or
+///      removed meanwhile: abandon, the newer save is drained by its own pass), check its size,
+///      create the durable file (O_EXCL), then chunk by chunk: read the whole chunk, hash it,
+///      compare with the manifest (FormatError kHashMismatch naming file, chunk and byte range
+///      on a mismatch, before anything of that chunk is written), write it in pieces of 1 MiB
+///      paced to the rate; fsync and close the durable file;
+///   4. commit_directory (commit.cpp steps 3-7) with overwrite, so a durable snapshot of that
+///      name is replaced in one atomic exchange.
+/// Any throw before step 4's rename removes the temporary directory.
+
+#include "pipeline/drain.h"
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <system_error>
+#include <vector>
+
+#include "common/sys_error.h"
+#include "format/hash.h"
+#include "format/layout.h"
+#include "format/manifest_io.h"
+#include "format/open_file.h"
+#include "io/fd.h"
+#include "io/thread_priority.h"
+#include "pipeline/commit.h"
+#include "pipeline/remove.h"
+#include "tsnap/catalog.h"
+#include "tsnap/error.h"
+#include "tsnap/manifest.h"
+
+namespace tsnap::pipeline {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kPieceBytes = 1ull << 20;  // pacing and write granularity
+
+std::string hex64(uint64_t v) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(v));
+  return text;
+}
+
+std::string message_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return ex.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
+format::SnapshotAge age_of(const Manifest& m) {
+  return {format::step_of(m.metadata), m.created_unix_ns};
+}
+
+// The exact bytes of a snapshot's MANIFEST.json, read through its directory descriptor.
+std::string read_manifest_text(const format::SnapshotDir& dir) {
+  format::OpenedFile f = format::open_snapshot_file(dir, kManifestName, "manifest");
+  if (f.size() > format::kMaxManifestBytes) {
+    throw_error(ErrorCode::kBadManifest, dir.label(kManifestName) + " is " +
+                                             std::to_string(f.size()) + " bytes, more than " +
+                                             std::to_string(format::kMaxManifestBytes));
+  }
+  std::string text(f.size(), '\0');
+  const int64_t n = io::read_full(f.fd.get(), text.data(), text.size(), 0);
+  if (n < 0) detail::throw_sys_error(static_cast<int>(n), "read " + dir.label(kManifestName));
+  text.resize(static_cast<size_t>(n));
+  return text;
+}
+
+// Closes a durable file through the engine on every path.
+class EngineFd {
+ public:
+  EngineFd(io::Engine& engine, int fd) : engine_(engine), fd_(fd) {}
+  ~EngineFd() {
+    if (fd_ >= 0) (void)engine_.close(fd_);
+  }
+  EngineFd(const EngineFd&) = delete;
+  EngineFd& operator=(const EngineFd&) = delete;
+  int get() const { return fd_; }
+  int close() { return engine_.close(std::exchange(fd_, -1)); }
+
+ private:
+  io::Engine& engine_;
+  int fd_;
+};
+
+void check(int rc, const std::string& what) {
+  if (rc < 0) detail::throw_sys_error(rc, what);
+}
+
+}  // namespace
+
+Drain::Drain(DrainConfig config) : config_(std::move(config)) {
+  engine_ = config_.engine ? config_.engine : io::make_pwrite_engine(1, config_.background);
+  std::error_code ec;
+  fs::create_directories(config_.durable_root, ec);
+  if (ec) {
+    throw_error(ErrorCode::kIo,
+                "cannot create durable root " + config_.durable_root.string() + ": " + ec.message(),
+                ec.value());
+  }
+  lock_.emplace(config_.durable_root);  // removes stale temporaries when no other writer is alive
+  for (const Listed& l : list(config_.durable_root)) {
+    if (l.committed) durable_.emplace(l.name, l.manifest->id);
+  }
+  requested_ = 1;  // the first pass: whatever the local tier holds that the durable one lacks
+  thread_ = std::thread([this] { run(); });
+}
+
+Drain::~Drain() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void Drain::request() noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++requested_;
+  }
+  cv_.notify_all();
+}
+
+void Drain::wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t want = ++requested_;
+  cv_.notify_all();
+  cv_.wait(lock, [&] { return finished_ >= want || stop_; });
+  if (unreported_.empty()) return;
+  // The oldest failure whose snapshot has not drained since.
+  auto first = std::min_element(failure_order_.begin(), failure_order_.end(),
+                                [](const auto& a, const auto& b) { return a.second < b.second; });
+  std::exception_ptr e = unreported_.at(first->first);
+  unreported_.erase(first->first);
+  failure_order_.erase(first);
+  std::rethrow_exception(e);
+}
+
+bool Drain::drained(const std::string& name) const {
+  std::optional<Manifest> m;
+  try {
+    m = read_manifest(config_.local_root / name);
+  } catch (const Error&) {
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  return durable_.count({name, m->id}) != 0;
+}
+
+DrainStats Drain::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+int Drain::add_listener(std::function<void(const DrainRecord&)> fn) {
+  std::lock_guard<std::mutex> lock(listeners_mu_);
+  listeners_.emplace(next_listener_, std::move(fn));
+  return next_listener_++;
+}
+
+void Drain::remove_listener(int id) {
+  std::lock_guard<std::mutex> lock(listeners_mu_);
+  listeners_.erase(id);
+}
+
+void Drain::notify(const DrainRecord& record) {
+  std::lock_guard<std::mutex> lock(listeners_mu_);
+  for (auto& [id, fn] : listeners_) {
+    try {
+      fn(record);
+    } catch (...) {
+      // A listener's failure must not stop the drain.
+    }
+  }
+}
+
+void Drain::run() {
+  if (config_.background) io::make_background_thread();
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || requested_ > finished_; });
+    if (stop_) break;
+    const uint64_t serving = requested_;
+    lock.unlock();
+    try {
+      pass();
+    } catch (const Cancelled&) {
+    } catch (...) {
+      // Listing the local root failed: reported like a failed drain.
+      const std::exception_ptr e = std::current_exception();
+      std::lock_guard<std::mutex> relock(mu_);
+      ++stats_.failed;
+      stats_.last_error = message_of(e);
+      unreported_[""] = e;
+      failure_order_[""] = ++failures_;
+    }
+    lock.lock();
+    finished_ = serving;
+    cv_.notify_all();
+  }
+  finished_ = requested_;  // wake waiters: nothing more will run
+  cv_.notify_all();
+}
+
+void Drain::pass() {
+  std::vector<Listed> local = list(config_.local_root);  // oldest first
+  for (const Listed& l : local) {
+    if (stop_) throw Cancelled{};
+    if (!l.committed) continue;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const Save save{l.name, l.manifest->id};
+      if (durable_.count(save) || failed_.count(save)) continue;
+    }
+    std::optional<DrainRecord> record;
+    std::exception_ptr error;
+    const auto started = Clock::now();
+    try {
+      record = drain_one(l.path, l.name);
+    } catch (const Cancelled&) {
+      throw;
+    } catch (const Abandoned&) {
+      continue;
+    } catch (...) {
+      error = std::current_exception();
+    }
+    if (!error && !record) continue;  // nothing to copy
+    if (error) {
+      DrainRecord failed;
+      failed.name = l.name;
+      failed.id = l.manifest->id;
+      failed.error = message_of(error);
+      failed.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+      bool bad_local_bytes = false;
+      try {
+        std::rethrow_exception(error);
+      } catch (const FormatError&) {
+        bad_local_bytes = true;
+      } catch (...) {
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++stats_.failed;
+        stats_.last_error = failed.error;
+        unreported_[l.name] = error;
+        failure_order_[l.name] = ++failures_;
+        if (bad_local_bytes) failed_.emplace(l.name, l.manifest->id);
+      }
+      notify(failed);
+      if (!bad_local_bytes) return;  // the durable side failed: the next pass retries
+      continue;
+    }
+    keep_last(*record);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++stats_.drained;
+      stats_.bytes += record->bytes;
+      stats_.seconds += record->seconds;
+      unreported_.erase(record->name);
+      failure_order_.erase(record->name);
+    }
+    notify(*record);
+  }
+  // Forget saves that are gone from both tiers' concern (no longer local), so the set stays
+  // the size of the roots.
+  std::set<Save> present;
+  for (const Listed& l : list(config_.local_root)) {
+    if (l.committed) present.emplace(l.name, l.manifest->id);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = failed_.begin(); it != failed_.end();) {
+    it = present.count(*it) ? std::next(it) : failed_.erase(it);
+  }
+}
+
+std::optional<DrainRecord> Drain::drain_one(const fs::path& local, const std::string& name) {
+  const auto started = Clock::now();
+  // 1. The local snapshot, opened once.
+  std::optional<format::SnapshotDir> dir;
+  std::string text;
+  Manifest m;
+  try {
+    dir.emplace(format::SnapshotDir::open(local));
+    text = read_manifest_text(*dir);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kNotFound) throw Abandoned{};  // removed since the listing
+    throw;
+  }
+  m = format::parse_manifest(text, dir->label(kManifestName));
+
+  // 2. Durable already, or superseded there.
+  const fs::path final_path = config_.durable_root / name;
+  std::error_code ec;
+  if (fs::exists(final_path, ec)) {
+    try {
+      const Manifest there = read_manifest(final_path);
+      if (there.id == m.id || format::newer(age_of(there), age_of(m))) {
+        std::lock_guard<std::mutex> lock(mu_);
+        durable_.emplace(name, m.id);
+        return std::nullopt;
+      }
+    } catch (const Error&) {
+      // Not a valid snapshot there: the commit below replaces it.
+    }
+  }
+
+  // 3. Copy into a temporary directory of the durable root.
+  const std::string root = config_.durable_root.string();
+  CommitPaths paths{root, root + "/" + format::temporary_name(name, format::new_save_id()),
+                    final_path.string()};
+  check(engine_->mkdir(paths.temporary), "create directory " + paths.temporary);
+  DrainRecord record;
+  record.name = name;
+  record.id = m.id;
+  try {
+    std::vector<char> buffer;
+    for (const FileRecord& f : m.files) {
+      format::OpenedFile src;
+      try {
+        src = format::open_snapshot_file(*dir, f.name, "shard");
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::kNotFound && dir->replaced()) throw Abandoned{};
+        throw;
+      }
+      const std::string label = dir->label(f.name);
+      if (src.size() != f.size) {
+        throw_error(src.size() < f.size ? ErrorCode::kTruncated : ErrorCode::kBadManifest,
+                    "drain: " + label + " is " + std::to_string(src.size()) +
+                        " bytes, the manifest says " + std::to_string(f.size) + "; not copied to " +
+                        root);
+      }
+      const std::string to = paths.temporary + "/" + f.name;
+      const int fd = engine_->open(to, O_WRONLY | O_CREAT | O_EXCL, 0644);
+      check(fd, "create " + to);
+      EngineFd dst(*engine_, fd);
+      buffer.resize(std::max<size_t>(buffer.size(), f.chunk_bytes));
+      for (size_t i = 0; i < f.chunk_hashes.size(); ++i) {
+        const uint64_t offset = i * f.chunk_bytes;
+        const size_t len = static_cast<size_t>(std::min<uint64_t>(f.chunk_bytes, f.size - offset));
+        const int64_t n = io::read_full(src.fd.get(), buffer.data(), len, offset);
+        if (n < 0) detail::throw_sys_error(static_cast<int>(n), "read " + label);
+        if (static_cast<size_t>(n) != len) {
+          throw_error(ErrorCode::kTruncated, "drain: " + label + " ended at byte " +
+                                                 std::to_string(offset + n) + " inside chunk " +
+                                                 std::to_string(i) + "; not copied to " + root);
+        }
+        const uint64_t hash = format::hash64(buffer.data(), len);
+        if (hash != f.chunk_hashes[i]) {
+          throw_error(ErrorCode::kHashMismatch,
+                      "drain: chunk " + std::to_string(i) + " of " + label + " (bytes [" +
+                          std::to_string(offset) + ", " + std::to_string(offset + len) +
+                          ")) has XXH3-64 " + hex64(hash) + ", the manifest says " +
+                          hex64(f.chunk_hashes[i]) + "; the snapshot is not copied to " + root);
+        }
+        for (size_t p = 0; p < len; p += kPieceBytes) {
+          const size_t piece = static_cast<size_t>(std::min<uint64_t>(kPieceBytes, len - p));
+          pace(piece);
+          check(io::write_and_wait(*engine_, dst.get(), buffer.data() + p, piece, offset + p),
+                "write " + to);
+        }
+      }
+      check(engine_->fsync(dst.get()), "fsync " + to);
+      check(dst.close(), "close " + to);
+      ::posix_fadvise(src.fd.get(), 0, 0, POSIX_FADV_DONTNEED);  // a copy, not a reader's data
+      record.bytes += f.size;
+    }
+    // 4. The commit protocol of every save.
+    std::string leftover;
+    record.bytes += commit_directory(*engine_, paths, text, /*overwrite=*/true, &leftover);
+  } catch (...) {
+    remove_temporary(paths.temporary);
+    throw;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    durable_.emplace(name, m.id);
+  }
+  record.ok = true;
+  record.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  return record;
+}
+
+void Drain::keep_last(DrainRecord& record) {
+  if (config_.local_keep_last <= 0) return;
+  std::vector<Listed> local;
+  for (Listed& l : list(config_.local_root)) {
+    if (l.committed) local.push_back(std::move(l));
+  }
+  std::stable_sort(local.begin(), local.end(), [](const Listed& a, const Listed& b) {
+    return format::newer(age_of(*a.manifest), age_of(*b.manifest));
+  });
+  for (size_t i = static_cast<size_t>(config_.local_keep_last); i < local.size(); ++i) {
+    const Listed& l = local[i];
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!durable_.count({l.name, l.manifest->id})) continue;  // never an undrained one
+    }
+    if (config_.busy && config_.busy(l.name)) continue;
+    try {
+      remove_snapshot(l.path);
+      record.deleted_local.push_back(l.name);
+    } catch (const Error&) {
+      // Gone already (another remover) or not removable now: the next drain tries again.
+    }
+  }
+}
+
+void Drain::pace(uint64_t bytes) {
+  if (stop_) throw Cancelled{};
+  if (config_.bytes_per_second == 0) return;
+  const auto now = Clock::now();
+  if (next_write_ < now) next_write_ = now;  // no credit for idle time
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (cv_.wait_until(lock, next_write_, [&] { return stop_.load(); })) throw Cancelled{};
+  }
+  next_write_ += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+      static_cast<double>(bytes) / static_cast<double>(config_.bytes_per_second)));
+}
+
+}  // namespace tsnap::pipeline

@@ -1,0 +1,132 @@
+#pragma once
+/// \file
+/// The drain of a two-tier Snapshotter (SnapshotterOptions::durable_root): one background
+/// thread that copies committed snapshots from the fast local root to the durable root.
+///
+/// One drain of snapshot `<local>/<name>` (drain.cpp spells out each step):
+///   1. open the local snapshot directory once and read its MANIFEST.json (the exact bytes);
+///   2. skip it when the durable tier holds the same save already (same id), or a newer one;
+///   3. create `<durable>/.<name>.tmp-<id>` (a fresh id) and copy each shard file chunk by
+///      chunk: read the chunk, check its XXH3-64 against the manifest BEFORE writing any of it
+///      (a mismatch fails the drain, naming file and chunk), write it paced to the rate limit,
+///      fsync the file;
+///   4. commit with pipeline::commit_directory: MANIFEST.json (the local bytes) last, fsync,
+///      rename to `<durable>/<name>` (an existing durable snapshot of that name is exchanged
+///      atomically, then removed), fsync the durable root.
+/// A failure or a kill at any point leaves the durable root as a failed save leaves a root:
+/// earlier snapshots intact, at most a temporary directory (removed on failure here, or by the
+/// next writer alone on the durable root: the drain holds a RootLock on it).
+///
+/// Passes: each request (a local commit, drain_wait, the start) runs a pass over the committed
+/// local snapshots, oldest first, and drains those whose save is not known to be durable.
+/// "Known durable" is a set of (name, id) filled at the start from the durable root and by
+/// every successful drain; it is not emptied when durable retention deletes a snapshot, so
+/// a snapshot retention removed is not copied again (until the process restarts: then one that
+/// is still local and missing durably is copied once more, and retention removes it again).
+/// A failure caused by the local bytes (FormatError: corrupt chunk, truncated file, bad
+/// manifest) is not retried for that save; any other failure (I/O on the durable side) stops
+/// the pass and is retried by the next one.
+///
+/// Hard links: a shard that is a hard link to an earlier snapshot's file (incremental saves) is
+/// copied as bytes; the durable copies do not share storage.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "io/engine.h"
+#include "pipeline/root_lock.h"
+#include "tsnap/snapshotter.h"
+
+namespace tsnap::pipeline {
+
+/// What a Drain needs from its Snapshotter.
+struct DrainConfig {
+  std::filesystem::path local_root;
+  std::filesystem::path durable_root;
+  uint64_t bytes_per_second = 0;  ///< 0: unlimited.
+  int local_keep_last = 2;        ///< 0: keep every local snapshot.
+  bool background = true;         ///< Lower the thread's CPU and I/O priority.
+  /// True while a save of `name` is in flight on the local root (local_keep_last skips it).
+  /// Called on the drain thread without any drain lock held.
+  std::function<bool(const std::string&)> busy;
+  /// The engine for the durable side (writes, fsyncs, renames); null: a pwrite engine.
+  std::shared_ptr<io::Engine> engine;
+};
+
+/// The drain thread; see the file comment.
+/// Thread-safety: every method may be called from any thread. Ownership: owns its thread, its
+/// engine and the lock of the durable root. Destruction stops a copy in progress (its
+/// temporary directory is removed) and joins the thread.
+class Drain {
+ public:
+  /// Creates the durable root, locks it (removing stale temporaries when alone), reads which
+  /// saves it holds, starts the thread and requests a first pass. Errors: IoError when the
+  /// durable root cannot be created, opened or listed.
+  explicit Drain(DrainConfig config);
+  ~Drain();
+  Drain(const Drain&) = delete;
+  Drain& operator=(const Drain&) = delete;
+
+  /// Asks for a pass (after a local commit). Never blocks for long, never throws.
+  void request() noexcept;
+  /// Requests a pass and waits for it; throws the first unreported failure (see
+  /// Snapshotter::drain_wait).
+  void wait();
+  /// See Snapshotter::drained.
+  bool drained(const std::string& name) const;
+  DrainStats stats() const;
+  int add_listener(std::function<void(const DrainRecord&)> fn);
+  void remove_listener(int id);
+
+ private:
+  using Save = std::pair<std::string, std::string>;  // (name, id)
+  struct Cancelled {};                               // the Drain is being destroyed
+  struct Abandoned {};  // the local snapshot was replaced or removed while being copied
+
+  void run();
+  void pass();
+  // Copies one snapshot; returns its record, or nullopt when nothing was copied (durable
+  // already, superseded, abandoned).
+  std::optional<DrainRecord> drain_one(const std::filesystem::path& local, const std::string& name);
+  void keep_last(DrainRecord& record);
+  void pace(uint64_t bytes);
+  void notify(const DrainRecord& record);
+
+  const DrainConfig config_;
+  std::shared_ptr<io::Engine> engine_;
+  std::optional<RootLock> lock_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<bool> stop_{false};
+  uint64_t requested_ = 0;  // pass requests so far
+  uint64_t finished_ = 0;   // the requests the last finished pass served
+  std::set<Save> durable_;  // saves known durable (see the file comment)
+  std::set<Save> failed_;   // saves whose local bytes are bad: not retried
+  std::map<std::string, std::exception_ptr> unreported_;  // by name, until drained or thrown
+  std::map<std::string, uint64_t> failure_order_;         // name -> sequence of its failure
+  uint64_t failures_ = 0;
+  DrainStats stats_;
+
+  std::mutex listeners_mu_;  // held while listeners run
+  std::map<int, std::function<void(const DrainRecord&)>> listeners_;
+  int next_listener_ = 0;
+
+  std::chrono::steady_clock::time_point next_write_{};  // pacing: drain thread only
+  std::thread thread_;
+};
+
+}  // namespace tsnap::pipeline
