@@ -81,6 +81,9 @@ struct TSNAP_API DrainRecord {
   bool ok = false;     ///< Committed in the durable tier.
   std::string error;   ///< The failure's message when !ok (names the file and chunk).
   uint64_t bytes = 0;  ///< Bytes copied (shard files and manifest).
+  /// Bytes of the shard files an incremental save reused whole (FileRecord::reused_from) that
+  /// the durable tier already held: hard-linked there too instead of copied.
+  uint64_t linked_bytes = 0;
   double seconds = 0;  ///< From the start of the copy to the durable commit.
   /// Local snapshots removed after it by `local_keep_last`.
   std::vector<std::string> deleted_local;

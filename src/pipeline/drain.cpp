@@ -21,6 +21,7 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <map>
 #include <cstdio>
 #include <system_error>
 #include <vector>
@@ -290,6 +291,40 @@ void Drain::pass() {
   }
 }
 
+// An incremental save's file reused whole from snapshot X (FileRecord::reused_from) is the
+// same bytes as X's file of that name; when the durable tier holds X with that file (same size,
+// header id and chunk hashes), a hard link there replaces the copy, so incremental snapshots
+// stay incremental in the durable tier too. Anything else (no X there, a different save of X,
+// links refused) copies.
+bool Drain::link_reused(const FileRecord& f, const Manifest& m, const std::string& temporary,
+                        std::map<std::string, std::optional<Manifest>>& bases) const {
+  if (f.reused_from.empty()) return false;
+  try {
+    format::check_snapshot_name(f.reused_from);  // a plain name under the durable root
+  } catch (const Error&) {
+    return false;
+  }
+  auto it = bases.find(f.reused_from);
+  if (it == bases.end()) {
+    std::optional<Manifest> base;
+    try {
+      base = read_manifest(config_.durable_root / f.reused_from);
+    } catch (const Error&) {
+    }
+    it = bases.emplace(f.reused_from, std::move(base)).first;
+  }
+  if (!it->second) return false;
+  const Manifest& base = *it->second;
+  const FileRecord* there = base.find_file(f.name);
+  if (there == nullptr || there->size != f.size || there->chunk_bytes != f.chunk_bytes ||
+      there->chunk_hashes != f.chunk_hashes ||
+      there->header_id(base.id) != f.header_id(m.id)) {
+    return false;
+  }
+  const fs::path from = config_.durable_root / f.reused_from / f.name;
+  return ::link(from.c_str(), (temporary + "/" + f.name).c_str()) == 0;
+}
+
 std::optional<DrainRecord> Drain::drain_one(const fs::path& local, const std::string& name) {
   const auto started = Clock::now();
   // 1. The local snapshot, opened once.
@@ -331,7 +366,12 @@ std::optional<DrainRecord> Drain::drain_one(const fs::path& local, const std::st
   record.id = m.id;
   try {
     std::vector<char> buffer;
+    std::map<std::string, std::optional<Manifest>> durable_bases;  // by snapshot name
     for (const FileRecord& f : m.files) {
+      if (link_reused(f, m, paths.temporary, durable_bases)) {
+        record.linked_bytes += f.size;
+        continue;
+      }
       format::OpenedFile src;
       try {
         src = format::open_snapshot_file(*dir, f.name, "shard");

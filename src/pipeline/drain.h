@@ -27,8 +27,10 @@
 /// manifest) is not retried for that save; any other failure (I/O on the durable side) stops
 /// the pass and is retried by the next one.
 ///
-/// Hard links: a shard that is a hard link to an earlier snapshot's file (incremental saves) is
-/// copied as bytes; the durable copies do not share storage.
+/// Hard links: a shard that an incremental save reused whole from an earlier snapshot
+/// (FileRecord::reused_from) is hard-linked from the durable tier's copy of that snapshot when
+/// it holds the same file (same size, header id and chunk hashes), else copied as bytes; so a
+/// chain of incremental snapshots shares storage in the durable tier as in the local one.
 
 #include <atomic>
 #include <chrono>
@@ -48,6 +50,7 @@
 
 #include "io/engine.h"
 #include "pipeline/root_lock.h"
+#include "tsnap/manifest.h"
 #include "tsnap/snapshotter.h"
 
 namespace tsnap::pipeline {
@@ -101,6 +104,10 @@ class Drain {
   // Copies one snapshot; returns its record, or nullopt when nothing was copied (durable
   // already, superseded, abandoned).
   std::optional<DrainRecord> drain_one(const std::filesystem::path& local, const std::string& name);
+  // Links `f` into `temporary` from the durable tier's copy of the snapshot it was reused from,
+  // when that copy holds the same file; `bases` caches the durable manifests read.
+  bool link_reused(const FileRecord& f, const Manifest& m, const std::string& temporary,
+                   std::map<std::string, std::optional<Manifest>>& bases) const;
   void keep_last(DrainRecord& record);
   void pace(uint64_t bytes);
   void notify(const DrainRecord& record);
