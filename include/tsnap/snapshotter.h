@@ -12,6 +12,7 @@
 
 #include "tsnap/engine_kind.h"
 #include "tsnap/export.h"
+#include "tsnap/hot_snapshot.h"
 #include "tsnap/save_handle.h"
 #include "tsnap/save_options.h"
 #include "tsnap/state_dict.h"
@@ -51,6 +52,15 @@ struct TSNAP_API SnapshotterOptions {
   /// commits the one snapshot once every rank's files are durable. Every rank's handle then
   /// completes with the same outcome.
   std::shared_ptr<DistGroup> group;
+  /// Keep the last committed snapshot's staged bytes in the staging pool (a hot snapshot,
+  /// tsnap/hot_snapshot.h), so that `hot_snapshot()` can roll back from memory without reading
+  /// the disk. A save's buffers then stay with it until it commits, and its image replaces the
+  /// previous one; a save that finds no free buffer evicts the hot image (and, if still
+  /// starved, gives up keeping its own), so keeping never blocks a save for long. With the
+  /// automatic budget the pool is sized for two snapshots (within the same cap), so the image
+  /// survives the next save. Not with `group` (Error(kUnsupported)): a rank's image
+  /// would hold only the files it wrote.
+  bool keep_hot = false;
 };
 
 /// Takes snapshots under `options.root`.
@@ -95,6 +105,11 @@ class TSNAP_API Snapshotter {
   const std::shared_ptr<DistGroup>& group() const;
   /// The newest committed snapshot under root (see tsnap::latest), if any.
   std::optional<std::filesystem::path> latest() const;
+  /// With `keep_hot`: the last snapshot this Snapshotter committed, whose bytes are still in
+  /// the staging pool; an empty handle when there is none (keep_hot off, nothing committed yet,
+  /// or evicted by a save that needed the buffers). A save's image is installed before its
+  /// handle completes, so after `h.wait()` this is that save's (or a newer one's).
+  HotSnapshot hot_snapshot() const;
 
  private:
   struct Impl;

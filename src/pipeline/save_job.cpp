@@ -159,7 +159,9 @@ void SaveJob::stage_chunk(size_t index, const std::vector<stage::Sources>& sourc
         if (rc == 0) {
           self->hashes_[ref.file][ref.chunk] = format::hash64(self->res_.pool->data(buf), len);
         }
-        self->res_.pool->release(buf);
+        if (rc != 0 || !self->hot_ || !self->hot_->keep(ref.file, ref.chunk, buf)) {
+          self->res_.pool->release(buf);
+        }
         if (rc == 0) self->progress_.done(len);
         self->write_done(ref.file, offset, rc);
       });
@@ -220,11 +222,13 @@ void SaveJob::finish() {
       std::string text = format::manifest_to_text(manifest());
       format::check_manifest_readable(text);
       manifest_bytes = commit_directory(engine, paths_, text, overwrite_, &leftover);
+      hot_commit(text);
     } catch (...) {
       error = std::current_exception();
     }
   }
   if (error && !keep_temporary_) remove_temporary(paths_.temporary);
+  hot_.reset();  // a failed save's kept buffers go back to the pool now
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     SaveStats& s = state_->stats;
@@ -241,6 +245,16 @@ void SaveJob::finish() {
   if (release_slot_) release_slot_();
   state_->complete(error);
   if (on_completed_) on_completed_();
+}
+
+// keep_hot: the image gets the manifest as a reader of the directory would, and is installed
+// before the handle completes. Best effort: the snapshot is committed whatever happens here.
+void SaveJob::hot_commit(const std::string& manifest_text) noexcept {
+  if (!hot_) return;
+  try {
+    hot_->commit(format::parse_manifest(manifest_text, paths_.final));
+  } catch (...) {
+  }
 }
 
 Manifest SaveJob::manifest() const {

@@ -24,6 +24,7 @@
 #include "pipeline/root_lock.h"
 #include "pipeline/save_job.h"
 #include "plan/plan.h"
+#include "stage/hot_image.h"
 #include "tsnap/catalog.h"
 #include "tsnap/dist_group.h"
 #include "tsnap/error.h"
@@ -44,6 +45,9 @@ struct Snapshotter::Impl {
   std::multiset<std::string> names;
   std::shared_ptr<pipeline::Coordinator> coordinator;  // distributed saves only
   std::mutex pool_mu;  // guards the creation of res.pool (automatic budget: at the first save)
+  // keep_hot: the hot images, made with the pool (guarded by pool_mu like it); destroyed before
+  // it (~Impl), after every save.
+  std::unique_ptr<stage::HotImages> hot;
 
   void make_pool(uint64_t budget);
   void ensure_pool(const plan::Plan& plan);
@@ -69,6 +73,11 @@ Snapshotter::Impl::Impl(SnapshotterOptions options) {
                 "chunk_bytes must be a positive multiple of 4096 up to " +
                     std::to_string(format::kMaxChunkBytes) + ", not " +
                     std::to_string(o.chunk_bytes));
+  }
+  if (o.keep_hot && o.group) {
+    throw_error(ErrorCode::kUnsupported,
+                "keep_hot is not supported with a group (distributed saves): a rank's hot image "
+                "would hold only the files it wrote; restore from the snapshot's directory");
   }
   if (o.max_in_flight < 1) {
     throw_error(ErrorCode::kInvalidArgument, "max_in_flight must be >= 1");
@@ -106,17 +115,23 @@ void Snapshotter::Impl::make_pool(uint64_t budget) {
     iovs.push_back({res.pool->data(static_cast<int>(i)), res.pool->buffer_bytes()});
   }
   res.host->engine().register_buffers(iovs);
+  if (o.keep_hot) {
+    hot = std::make_unique<stage::HotImages>(*res.pool);
+    res.pool->set_reclaim([images = hot.get()] { images->reclaim(); });
+  }
 }
 
 void Snapshotter::Impl::ensure_pool(const plan::Plan& plan) {
   std::lock_guard<std::mutex> lock(pool_mu);
   if (res.pool) return;
-  // Automatic budget: this save's chunks, within a quarter of physical memory.
+  // Automatic budget: this save's chunks (twice with keep_hot: the hot image and the next
+  // save's staging), within a quarter of physical memory.
   const uint64_t chunk = res.options.chunk_bytes;
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
   const uint64_t memory = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * page : 8ull << 30;
   const uint64_t cap = std::max<uint64_t>(2, memory / 4 / chunk);
-  make_pool(std::clamp<uint64_t>(plan.chunks.size(), 2, cap) * chunk);
+  const uint64_t chunks = plan.chunks.size() * (res.options.keep_hot ? 2 : 1);
+  make_pool(std::clamp<uint64_t>(chunks, 2, cap) * chunk);
 }
 
 Snapshotter::Impl::~Impl() {
@@ -125,6 +140,8 @@ Snapshotter::Impl::~Impl() {
     cv.wait(lock, [&] { return running == 0; });
   }
   res.blocking->join();
+  // Waits for the hot loads still running (their buffers are the pool's).
+  hot.reset();
   res.host.reset();  // after every save: closes the ring, then joins the io thread
 }
 
@@ -229,6 +246,7 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
   ensure_pool(plan);
 
   admit(name, options.overwrite);
+  std::shared_ptr<stage::HotImage> image = hot ? hot->begin(plan, name, paths.final) : nullptr;
   std::shared_ptr<pipeline::SaveJob> job;
   try {
     job = std::make_shared<pipeline::SaveJob>(
@@ -236,6 +254,7 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
         metadata.is_null() ? nlohmann::json::object() : metadata, options.overwrite, coordinator,
         started, [this, name] { release_slot(name); }, [this] { completed(); }, options.progress);
     job->open_files();
+    if (image) job->keep_hot(std::move(image));
   } catch (...) {
     release_slot(name);
     completed();
@@ -273,5 +292,10 @@ const std::shared_ptr<DistGroup>& Snapshotter::group() const { return impl_->res
 std::string Snapshotter::engine_name() const { return impl_->res.host->name(); }
 
 std::optional<fs::path> Snapshotter::latest() const { return tsnap::latest(root()); }
+
+HotSnapshot Snapshotter::hot_snapshot() const {
+  std::lock_guard<std::mutex> lock(impl_->pool_mu);
+  return impl_->hot ? impl_->hot->snapshot() : HotSnapshot();
+}
 
 }  // namespace tsnap
