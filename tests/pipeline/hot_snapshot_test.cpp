@@ -13,6 +13,7 @@
 #include <future>
 #include <mutex>
 #include <thread>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include "io/engine_host.h"
 #include "io/fault_engine.h"
@@ -21,6 +22,7 @@
 #include "support/on_engine.h"
 #include "support/test_util.h"
 #include "tsnap/checkpoint.h"
+#include "tsnap/dist_group.h"
 #include "tsnap/error.h"
 #include "tsnap/load.h"
 #include "tsnap/snapshotter.h"
@@ -89,6 +91,16 @@ TEST(HotSnapshot, NoneWithoutKeepHot) {
   EXPECT_EQ(code_of([&] { load(none); }), ErrorCode::kInvalidArgument);
   EXPECT_EQ(code_of([&] { load_into(none, dest); }), ErrorCode::kInvalidArgument);
   EXPECT_EQ(code_of([&] { (void)none.manifest(); }), ErrorCode::kInvalidArgument);
+}
+
+// A rank's image would hold only its own files: refused at construction, not silently partial.
+TEST(HotSnapshot, RefusedWithADistributedGroup) {
+  TempDir dir;
+  auto group = std::make_shared<DistGroup>(c10::make_intrusive<c10d::HashStore>(), 0, 1);
+  EXPECT_EQ(code_of([&] { Snapshotter({.root = dir.path(), .group = group, .keep_hot = true}); }),
+            ErrorCode::kUnsupported);
+  Snapshotter without({.root = dir.path(), .group = group});  // fine without keep_hot
+  EXPECT_FALSE(without.hot_snapshot());
 }
 
 TEST(HotSnapshot, NoneBeforeTheFirstCommit) {
