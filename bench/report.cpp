@@ -498,6 +498,11 @@ void print_restore_report(const RestoreSpec& spec, const RestoreResult& r) {
   row("tsnap load_into, verify off", r.warm_into_noverify);
   row("tsnap load (new tensors)", r.warm_load);
   if (spec.torch) row("torch::load", r.warm_torch);
+  if (spec.hot) {
+    std::printf(" hot (the Snapshotter's staging buffers, keep_hot: no file read):\n");
+    row("tsnap load_into [memory]", r.hot_into);
+    row("tsnap load (new tensors)", r.hot_load);
+  }
 
   const RestoreResult::RawRead& best = r.best_raw();
   const double raw_best = best.s.median();
@@ -518,6 +523,14 @@ void print_restore_report(const RestoreSpec& spec, const RestoreResult& r) {
                 r.warm_torch.median() / r.warm_into_noverify.median());
     std::printf("  warm torch::load / load           %.2f\n",
                 r.warm_torch.median() / r.warm_load.median());
+  }
+  if (spec.hot) {
+    std::printf("  cold load_into / hot load_into    %.2f  [>= 5]\n",
+                r.cold_into.median() / r.hot_into.median());
+    std::printf("  warm load_into / hot load_into    %.2f\n",
+                r.warm_into.median() / r.hot_into.median());
+    std::printf("  cold load / hot load              %.2f\n",
+                r.cold_load.median() / r.hot_load.median());
   }
   std::printf("  peak extra RSS of load_into       %.0f MiB  [<= %.0f MiB = budget + 64]\n",
               r.peak_extra_kib / 1024.0, spec.read_budget / 1048576.0 + 64);

@@ -10,7 +10,8 @@
 //   torch         torch::load of the same tensors, saved with torch::save;
 // each cold (the files evicted from the page cache first with posix_fadvise(DONTNEED): no root
 // needed, and other processes' cache stays) and warm (the files read through the page cache
-// first). The peak extra RSS of load_into is measured by resetting the high-water mark
+// first); and hot: load_into and load of the same snapshot from the staging buffers of the
+// Snapshotter that saved it (keep_hot), which read no file. The peak extra RSS of load_into is measured by resetting the high-water mark
 // (clear_refs 5).
 
 #include <cstdint>
@@ -31,6 +32,9 @@ struct RestoreSpec {
   uint64_t chunk = 16ull << 20;         ///< chunk size of the snapshot and of the raw reads
   int reps = 3;
   bool torch = true;  ///< also torch::load
+  /// Also from memory: the snapshot is saved by a Snapshotter with keep_hot, and load_into and
+  /// load read its hot snapshot (tsnap/hot_snapshot.h) while it lives.
+  bool hot = true;
 };
 
 /// The figures of a restore benchmark.
@@ -47,6 +51,7 @@ struct RestoreResult {
   std::vector<RawRead> raw_direct;  ///< the sweep
   Series raw_buffered, cold_into, cold_load, cold_torch;
   Series warm_raw, warm_into, warm_into_noverify, warm_load, warm_torch;
+  Series hot_into, hot_load;  ///< from the staging buffers (RestoreSpec::hot)
   std::string cold_engine, warm_engine;  ///< load_into's engine in the last cold / warm run
   long peak_extra_kib = 0;               ///< the largest VmHWM - VmRSS over a load_into
   /// The raw O_DIRECT read of the sweep with the lowest median.

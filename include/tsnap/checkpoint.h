@@ -25,6 +25,7 @@
 
 #include "tsnap/apply_report.h"
 #include "tsnap/export.h"
+#include "tsnap/hot_snapshot.h"
 #include "tsnap/load.h"
 #include "tsnap/model_state.h"
 #include "tsnap/optimizer_state.h"
@@ -153,5 +154,11 @@ TSNAP_API SaveStats save(const std::filesystem::path& path, const Checkpoint& ch
 /// Errors: those of `tsnap::load` and `tsnap::read_manifest`. Thread-safe.
 TSNAP_API Checkpoint load_checkpoint(const std::filesystem::path& path,
                                      const LoadOptions& options = {});
+
+/// Loads a hot snapshot (tsnap/hot_snapshot.h: `Snapshotter::hot_snapshot()`, from memory) as a
+/// Checkpoint with its metadata: `load_checkpoint(snap.hot_snapshot()).apply(objects)` rolls
+/// the objects back to the last snapshot without reading the disk.
+/// Errors: those of `tsnap::load(const HotSnapshot&)`. Thread-safe.
+TSNAP_API Checkpoint load_checkpoint(const HotSnapshot& snapshot, const LoadOptions& options = {});
 
 }  // namespace tsnap

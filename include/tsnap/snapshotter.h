@@ -14,6 +14,7 @@
 
 #include "tsnap/engine_kind.h"
 #include "tsnap/export.h"
+#include "tsnap/hot_snapshot.h"
 #include "tsnap/save_handle.h"
 #include "tsnap/save_options.h"
 #include "tsnap/state_dict.h"
@@ -72,6 +73,15 @@ struct TSNAP_API SnapshotterOptions {
   /// in the durable tier (an undrained snapshot is never removed) and none being saved. 0 keeps
   /// everything. Retention of the durable tier is the user's (PeriodicSnapshots' keep rules).
   int local_keep_last = 2;
+  /// Keep the last committed snapshot's staged bytes in the staging pool (a hot snapshot,
+  /// tsnap/hot_snapshot.h), so that `hot_snapshot()` can roll back from memory without reading
+  /// the disk. A save's buffers then stay with it until it commits, and its image replaces the
+  /// previous one; a save that finds no free buffer evicts the hot image (and, if still
+  /// starved, gives up keeping its own), so keeping never blocks a save for long. With the
+  /// automatic budget the pool is sized for two snapshots (within the same cap), so the image
+  /// survives the next save. Not with `group` (Error(kUnsupported)): a rank's image
+  /// would hold only the files it wrote.
+  bool keep_hot = false;
 };
 
 /// The outcome of copying one snapshot to the durable tier. Value type.
@@ -144,6 +154,11 @@ class TSNAP_API Snapshotter {
   /// The newest committed snapshot under root and, with a durable tier, under durable_root
   /// (format.md's age rule; on a tie the local one), if any.
   std::optional<std::filesystem::path> latest() const;
+  /// With `keep_hot`: the last snapshot this Snapshotter committed, whose bytes are still in
+  /// the staging pool; an empty handle when there is none (keep_hot off, nothing committed yet,
+  /// or evicted by a save that needed the buffers). A save's image is installed before its
+  /// handle completes, so after `h.wait()` this is that save's (or a newer one's).
+  HotSnapshot hot_snapshot() const;
 
   /// The durable tier's root (SnapshotterOptions::durable_root); empty without one.
   const std::filesystem::path& durable_root() const;

@@ -9,6 +9,7 @@
 #include "tsnap/engine_kind.h"
 #include "tsnap/error.h"
 #include "tsnap/hf_export.h"
+#include "tsnap/hot_snapshot.h"
 #include "tsnap/load.h"
 #include "tsnap/manifest.h"
 #include "tsnap/model_state.h"

@@ -173,7 +173,7 @@ void SaveJob::compare_and_submit(plan::ChunkRef ref, int buf, uint64_t len) {
   hashes_[ref.file][ref.chunk] = hash;
   skipped_[ref.file][ref.chunk] = 1;
   skipped_bytes_ += len;
-  res_.pool->release(buf);
+  if (!hot_ || !hot_->keep(ref.file, ref.chunk, buf)) res_.pool->release(buf);
   progress_.done(len);
   release_token();
 }
@@ -201,7 +201,9 @@ void SaveJob::submit(plan::ChunkRef ref, int buf, uint64_t len, std::optional<ui
           self->hashes_[ref.file][ref.chunk] =
               hash ? *hash : format::hash64(self->res_.pool->data(buf), len);
         }
-        self->res_.pool->release(buf);
+        if (rc != 0 || !self->hot_ || !self->hot_->keep(ref.file, ref.chunk, buf)) {
+          self->res_.pool->release(buf);
+        }
         if (rc == 0) self->progress_.done(len);
         self->write_done(ref.file, offset, rc);
       });
@@ -270,11 +272,13 @@ void SaveJob::finish() {
       std::string text = format::manifest_to_text(manifest());
       format::check_manifest_readable(text);
       manifest_bytes = commit_directory(engine, paths_, text, overwrite_, &leftover);
+      hot_commit(text);
     } catch (...) {
       error = std::current_exception();
     }
   }
   if (error && !keep_temporary_) remove_temporary(paths_.temporary);
+  hot_.reset();  // a failed save's kept buffers go back to the pool now
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     SaveStats& s = state_->stats;
@@ -319,6 +323,16 @@ void SaveJob::reuse_base_files() {
     } else {
       base_files_[f]->copy_ranges(path, ranges);
     }
+  }
+}
+
+// keep_hot: the image gets the manifest as a reader of the directory would, and is installed
+// before the handle completes. Best effort: the snapshot is committed whatever happens here.
+void SaveJob::hot_commit(const std::string& manifest_text) noexcept {
+  if (!hot_) return;
+  try {
+    hot_->commit(format::parse_manifest(manifest_text, paths_.final));
+  } catch (...) {
   }
 }
 

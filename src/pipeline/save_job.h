@@ -26,6 +26,7 @@
 #include "pipeline/save_state.h"
 #include "plan/plan.h"
 #include "stage/fill.h"
+#include "stage/hot_image.h"
 #include "tsnap/manifest.h"
 
 namespace tsnap::pipeline {
@@ -50,6 +51,10 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   void stage();
 
   const std::shared_ptr<detail::SaveState>& state() const { return state_; }
+  /// keep_hot (before stage()): each written chunk's buffer goes to `image` instead of back to
+  /// the pool, and a successful commit installs it (stage/hot_image.h). Not for a distributed
+  /// save.
+  void keep_hot(std::shared_ptr<stage::HotImage> image) { hot_ = std::move(image); }
 
  private:
   void stage_chunk(size_t index, const std::vector<stage::Sources>& sources);
@@ -66,6 +71,7 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   void fail(std::exception_ptr e);
   void release_token();
   void finish();
+  void hot_commit(const std::string& manifest_text) noexcept;
   Manifest manifest() const;
   std::exception_ptr coordinate(std::exception_ptr error, uint64_t* manifest_bytes,
                                 std::string* leftover);
@@ -97,6 +103,7 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   std::atomic<uint64_t> skipped_bytes_{0};
   uint64_t linked_bytes_ = 0;
   std::atomic<int64_t> first_write_ns_{0}, last_write_ns_{0};
+  std::shared_ptr<stage::HotImage> hot_;  // keep_hot: the image this save fills
 };
 
 }  // namespace tsnap::pipeline

@@ -25,6 +25,7 @@
 #include "pipeline/root_lock.h"
 #include "pipeline/save_job.h"
 #include "plan/plan.h"
+#include "stage/hot_image.h"
 #include "tsnap/catalog.h"
 #include "tsnap/dist_group.h"
 #include "tsnap/error.h"
@@ -53,6 +54,9 @@ struct Snapshotter::Impl {
   // the root; null when there is none (or it cannot be read: the save is then a full one).
   std::unique_ptr<plan::Base> find_base();
   std::unique_ptr<pipeline::Drain> drain;  // with a durable tier (drain.h)
+  // keep_hot: the hot images, made with the pool (guarded by pool_mu like it); destroyed before
+  // it (~Impl), after every save.
+  std::unique_ptr<stage::HotImages> hot;
 
   void make_pool(uint64_t budget);
   void start_drain();
@@ -79,6 +83,11 @@ Snapshotter::Impl::Impl(SnapshotterOptions options) {
                 "chunk_bytes must be a positive multiple of 4096 up to " +
                     std::to_string(format::kMaxChunkBytes) + ", not " +
                     std::to_string(o.chunk_bytes));
+  }
+  if (o.keep_hot && o.group) {
+    throw_error(ErrorCode::kUnsupported,
+                "keep_hot is not supported with a group (distributed saves): a rank's hot image "
+                "would hold only the files it wrote; restore from the snapshot's directory");
   }
   if (o.max_in_flight < 1) {
     throw_error(ErrorCode::kInvalidArgument, "max_in_flight must be >= 1");
@@ -145,6 +154,10 @@ void Snapshotter::Impl::make_pool(uint64_t budget) {
     iovs.push_back({res.pool->data(static_cast<int>(i)), res.pool->buffer_bytes()});
   }
   res.host->engine().register_buffers(iovs);
+  if (o.keep_hot) {
+    hot = std::make_unique<stage::HotImages>(*res.pool);
+    res.pool->set_reclaim([images = hot.get()] { images->reclaim(); });
+  }
 }
 
 std::unique_ptr<plan::Base> Snapshotter::Impl::find_base() {
@@ -178,12 +191,14 @@ std::unique_ptr<plan::Base> Snapshotter::Impl::find_base() {
 void Snapshotter::Impl::ensure_pool(const plan::Plan& plan) {
   std::lock_guard<std::mutex> lock(pool_mu);
   if (res.pool) return;
-  // Automatic budget: this save's chunks, within a quarter of physical memory.
+  // Automatic budget: this save's chunks (twice with keep_hot: the hot image and the next
+  // save's staging), within a quarter of physical memory.
   const uint64_t chunk = res.options.chunk_bytes;
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
   const uint64_t memory = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * page : 8ull << 30;
   const uint64_t cap = std::max<uint64_t>(2, memory / 4 / chunk);
-  make_pool(std::clamp<uint64_t>(plan.chunks.size(), 2, cap) * chunk);
+  const uint64_t chunks = plan.chunks.size() * (res.options.keep_hot ? 2 : 1);
+  make_pool(std::clamp<uint64_t>(chunks, 2, cap) * chunk);
 }
 
 Snapshotter::Impl::~Impl() {
@@ -193,6 +208,8 @@ Snapshotter::Impl::~Impl() {
   }
   drain.reset();  // stops a copy in progress (drain.h); the next Snapshotter resumes it
   res.blocking->join();
+  // Waits for the hot loads still running (their buffers are the pool's).
+  hot.reset();
   res.host.reset();  // after every save: closes the ring, then joins the io thread
 }
 
@@ -311,6 +328,7 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
   ensure_pool(plan);
 
   admit(name, options.overwrite);
+  std::shared_ptr<stage::HotImage> image = hot ? hot->begin(plan, name, paths.final) : nullptr;
   std::shared_ptr<pipeline::SaveJob> job;
   try {
     job = std::make_shared<pipeline::SaveJob>(
@@ -318,6 +336,7 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
         metadata.is_null() ? nlohmann::json::object() : metadata, options.overwrite, coordinator,
         started, [this, name] { release_slot(name); }, [this] { completed(); }, options.progress);
     job->open_files();
+    if (image) job->keep_hot(std::move(image));
   } catch (...) {
     release_slot(name);
     completed();
@@ -394,6 +413,11 @@ int Snapshotter::add_drain_listener(std::function<void(const DrainRecord&)> fn) 
 
 void Snapshotter::remove_drain_listener(int id) {
   if (impl_->drain) impl_->drain->remove_listener(id);
+}
+
+HotSnapshot Snapshotter::hot_snapshot() const {
+  std::lock_guard<std::mutex> lock(impl_->pool_mu);
+  return impl_->hot ? impl_->hot->snapshot() : HotSnapshot();
 }
 
 }  // namespace tsnap

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -13,7 +14,9 @@
 #include "restore/read_plan.h"
 #include "restore/read_snapshot.h"
 #include "restore/shard_reader.h"
+#include "stage/hot_image.h"
 #include "tsnap/error.h"
+#include "tsnap/hot_snapshot.h"
 
 namespace tsnap {
 namespace {
@@ -142,63 +145,114 @@ std::optional<std::string> add_box_targets(const std::vector<const TensorRecord*
   return std::nullopt;
 }
 
+// What a load reads: the manifest, and where the chunks come from (the snapshot's directory,
+// or a hot snapshot's staging buffers).
+struct Source {
+  const Manifest& manifest;
+  const std::filesystem::path& path;
+  // Opens and checks what the reads of `records` need, before any destination is allocated
+  // (null: nothing to open).
+  std::function<void(const std::vector<const TensorRecord*>&)> open;
+  // Reads `plan` into `targets`.
+  std::function<restore::ReadStats(const std::vector<restore::Target>& targets,
+                                   const restore::ReadPlan& plan, const LoadOptions& options,
+                                   bool in_place)>
+      read;
+};
+
+// The directory `dir` whose manifest is `m`; `opened` keeps the shards `open` opened.
+Source disk_source(const format::SnapshotDir& dir, const Manifest& m,
+                   restore::OpenedShards& opened) {
+  return {m, dir.path,
+          [&dir, &m, &opened](const std::vector<const TensorRecord*>& records) {
+            opened = restore::open_shards(dir, m, records);
+          },
+          [&dir, &m, &opened](const std::vector<restore::Target>& targets,
+                              const restore::ReadPlan& plan, const LoadOptions& options,
+                              bool in_place) {
+            return restore::read_chunks(dir, m, targets, plan, options, in_place, &opened);
+          }};
+}
+
+// A hot image, pinned by the caller.
+Source hot_source(const stage::HotImage& image) {
+  return {*image.manifest(), image.path(), nullptr,
+          [&image](const std::vector<restore::Target>& targets, const restore::ReadPlan& plan,
+                   const LoadOptions& options, bool in_place) {
+            return restore::read_hot_chunks(image, targets, plan, options, in_place);
+          }};
+}
+
+StateDict load_from(const Source& src, const LoadOptions& options) {
+  const Manifest& m = src.manifest;
+  const restore::PieceIndex index = restore::index_pieces(m);
+  const std::vector<std::string> keys = select(record_names(m), options, src.path);
+  // A key stored whole (or as the one piece a process saved) comes back as stored, with its
+  // ShardSpec; a key stored as pieces is assembled into its global tensor, which they must
+  // cover.
+  std::vector<restore::Target> targets;
+  for (const std::string& k : keys) {
+    const std::vector<const TensorRecord*>& pieces = index.at(options.key_prefix + k);
+    if (pieces.size() == 1) {
+      targets.push_back({pieces[0], nullptr, pieces[0]->dtype, {}});
+      continue;
+    }
+    const std::vector<int64_t>& global = restore::global_shape_of(*pieces[0]);
+    const restore::Box whole{std::vector<int64_t>(global.size(), 0), global};
+    if (const auto why =
+            add_box_targets(pieces, global, whole, nullptr, pieces[0]->dtype, &targets)) {
+      throw_error(ErrorCode::kUnsupported, "tensor '" + k + "' cannot be assembled: " + *why +
+                                               "; load the pieces you need with load_into "
+                                               "and ShardSpec destinations");
+    }
+  }
+  // The manifest's sizes are believed only once the files are there with those sizes: a
+  // manifest claiming a 1 TiB tensor over a small shard fails here, before any allocation.
+  // The shards stay open for the reads.
+  if (src.open) {
+    std::vector<const TensorRecord*> records;
+    for (const restore::Target& t : targets) records.push_back(t.record);
+    src.open(records);
+  }
+  StateDict result;
+  for (size_t i = 0; i < targets.size();) {
+    const TensorRecord& r = *targets[i].record;
+    const bool whole = targets[i].runs.empty() && index.at(r.name).size() == 1;
+    at::Tensor t = allocate(r, whole ? r.shape : restore::global_shape_of(r));
+    result.insert(r.name.substr(options.key_prefix.size()), t).shard =
+        whole ? r.shard : std::nullopt;
+    for (; i < targets.size() && targets[i].record->name == r.name; ++i) {
+      targets[i].data = t.data_ptr();
+    }
+  }
+  LoadOptions streaming = options;
+  streaming.atomic = false;  // new tensors: a failed load returns nothing anyway
+  src.read(targets, restore::plan_reads(m, targets, options.verify), streaming,
+           /*in_place=*/false);
+  return result;
+}
+
 }  // namespace
 
 StateDict load(const std::filesystem::path& path, const LoadOptions& options) {
   return restore::read_snapshot(path, [&](const format::SnapshotDir& dir) {
     const Manifest m = format::read_manifest_in(dir);
-    const restore::PieceIndex index = restore::index_pieces(m);
-    const std::vector<std::string> keys = select(record_names(m), options, dir.path);
-    // A key stored whole (or as the one piece a process saved) comes back as stored, with its
-    // ShardSpec; a key stored as pieces is assembled into its global tensor, which they must
-    // cover.
-    std::vector<restore::Target> targets;
-    for (const std::string& k : keys) {
-      const std::vector<const TensorRecord*>& pieces = index.at(options.key_prefix + k);
-      if (pieces.size() == 1) {
-        targets.push_back({pieces[0], nullptr, pieces[0]->dtype, {}});
-        continue;
-      }
-      const std::vector<int64_t>& global = restore::global_shape_of(*pieces[0]);
-      const restore::Box whole{std::vector<int64_t>(global.size(), 0), global};
-      if (const auto why =
-              add_box_targets(pieces, global, whole, nullptr, pieces[0]->dtype, &targets)) {
-        throw_error(ErrorCode::kUnsupported, "tensor '" + k + "' cannot be assembled: " + *why +
-                                                 "; load the pieces you need with load_into "
-                                                 "and ShardSpec destinations");
-      }
-    }
-    // The manifest's sizes are believed only once the files are there with those sizes: a
-    // manifest claiming a 1 TiB tensor over a small shard fails here, before any allocation.
-    // The shards stay open for the reads.
-    std::vector<const TensorRecord*> records;
-    for (const restore::Target& t : targets) records.push_back(t.record);
-    restore::OpenedShards opened = restore::open_shards(dir, m, records);
-    StateDict result;
-    for (size_t i = 0; i < targets.size();) {
-      const TensorRecord& r = *targets[i].record;
-      const bool whole = targets[i].runs.empty() && index.at(r.name).size() == 1;
-      at::Tensor t = allocate(r, whole ? r.shape : restore::global_shape_of(r));
-      result.insert(r.name.substr(options.key_prefix.size()), t).shard =
-          whole ? r.shard : std::nullopt;
-      for (; i < targets.size() && targets[i].record->name == r.name; ++i) {
-        targets[i].data = t.data_ptr();
-      }
-    }
-    LoadOptions streaming = options;
-    streaming.atomic = false;  // new tensors: a failed load returns nothing anyway
-    restore::read_chunks(dir, m, targets, restore::plan_reads(m, targets, options.verify),
-                         streaming, /*in_place=*/false, &opened);
-    return result;
+    restore::OpenedShards opened;
+    return load_from(disk_source(dir, m, opened), options);
   });
+}
+
+StateDict load(const HotSnapshot& snapshot, const LoadOptions& options) {
+  const std::shared_ptr<stage::HotImage> image = detail::HotAccess::pin(snapshot);
+  return load_from(hot_source(*image), options);
 }
 
 namespace {
 
-LoadReport load_into_dir(const format::SnapshotDir& dir, StateDict& dest,
-                         const LoadOptions& options, std::chrono::steady_clock::time_point t0) {
-  const std::filesystem::path& path = dir.path;
-  const Manifest m = format::read_manifest_in(dir);
+LoadReport load_into_from(const Source& src, StateDict& dest, const LoadOptions& options,
+                          std::chrono::steady_clock::time_point t0) {
+  const std::filesystem::path& path = src.path;
+  const Manifest& m = src.manifest;
   const restore::PieceIndex index = restore::index_pieces(m);
   const std::vector<std::string> names = record_names(m);
   const std::vector<std::string> keys =
@@ -267,8 +321,9 @@ LoadReport load_into_dir(const format::SnapshotDir& dir, StateDict& dest,
                                              " snapshot keys have no destination: " +
                                              join(report.not_in_destination) + where);
   }
-  const restore::ReadStats stats = restore::read_chunks(
-      dir, m, targets, restore::plan_reads(m, targets, options.verify), options, /*in_place=*/true);
+  const restore::ReadStats stats =
+      src.read(targets, restore::plan_reads(m, targets, options.verify), options,
+               /*in_place=*/true);
   report.loaded = keys;
   report.bytes_read = stats.bytes;
   report.engine = stats.engine;
@@ -281,8 +336,17 @@ LoadReport load_into_dir(const format::SnapshotDir& dir, StateDict& dest,
 LoadReport load_into(const std::filesystem::path& path, StateDict& dest,
                      const LoadOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
-  return restore::read_snapshot(
-      path, [&](const format::SnapshotDir& dir) { return load_into_dir(dir, dest, options, t0); });
+  return restore::read_snapshot(path, [&](const format::SnapshotDir& dir) {
+    const Manifest m = format::read_manifest_in(dir);
+    restore::OpenedShards opened;
+    return load_into_from(disk_source(dir, m, opened), dest, options, t0);
+  });
+}
+
+LoadReport load_into(const HotSnapshot& snapshot, StateDict& dest, const LoadOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::shared_ptr<stage::HotImage> image = detail::HotAccess::pin(snapshot);
+  return load_into_from(hot_source(*image), dest, options, t0);
 }
 
 std::vector<BadChunk> verify(const std::filesystem::path& path) {

@@ -69,6 +69,67 @@ class ReadBuffers {
   uint64_t bytes_;
 };
 
+// Where a load's chunks come from: the shard files, read through an io engine into read
+// buffers (FileChunks), or a hot image's staging buffers, in memory already (HotChunks). The
+// checks, the hashing and the scatter into the targets (Reads) are the same for both.
+class ChunkSource {
+ public:
+  virtual ~ChunkSource() = default;
+  // Gets chunk `job` of the plan into slot `slot` (a read buffer), then calls done(bytes or
+  // -errno), on another thread or at once on this one.
+  virtual void fetch(size_t job, int slot, io::Done done) = 0;
+  // The bytes of chunk `job`, once fetched into `slot`.
+  virtual const uint8_t* data(size_t job, int slot) const = 0;
+  // The checks (hashes, error labels) of plan file `file`.
+  virtual const ChunkCheck& check(size_t file) const = 0;
+};
+
+class FileChunks : public ChunkSource {
+ public:
+  FileChunks(const ReadPlan& plan, const std::vector<OpenShard>& shards, io::Engine& engine,
+             const ReadBuffers& buffers)
+      : plan_(plan), shards_(shards), engine_(engine), buffers_(buffers) {}
+  void fetch(size_t job, int slot, io::Done done) override {
+    const ChunkRead& c = plan_.chunks[job];
+    const OpenShard& s = shards_[c.file];
+    // O_DIRECT reads whole blocks; the last chunk of a file then simply reads short.
+    const uint64_t len = s.direct.valid() ? align_up(c.length) : c.length;
+    engine_.read(s.fd(), buffers_.data(slot), len, c.offset, -1, std::move(done));
+  }
+  const uint8_t* data(size_t, int slot) const override { return buffers_.data(slot); }
+  const ChunkCheck& check(size_t file) const override { return *shards_[file].reader; }
+
+ private:
+  const ReadPlan& plan_;
+  const std::vector<OpenShard>& shards_;
+  io::Engine& engine_;
+  const ReadBuffers& buffers_;
+};
+
+class HotChunks : public ChunkSource {
+ public:
+  HotChunks(const ReadPlan& plan, const stage::HotImage& image) : plan_(plan), image_(image) {
+    for (const FileRecord* f : plan.files) {
+      checks_.emplace_back(*f, (image.path() / f->name).string() + " (hot, in memory)",
+                           "the hot copy in memory");
+    }
+  }
+  void fetch(size_t job, int, io::Done done) override {
+    done(static_cast<int>(plan_.chunks[job].length));
+  }
+  const uint8_t* data(size_t job, int) const override {
+    const ChunkRead& c = plan_.chunks[job];
+    return image_.chunk(*plan_.files[c.file], c.chunk) +
+           (c.offset - c.chunk * checks_[c.file].file().chunk_bytes);
+  }
+  const ChunkCheck& check(size_t file) const override { return checks_[file]; }
+
+ private:
+  const ReadPlan& plan_;
+  const stage::HotImage& image_;
+  std::vector<ChunkCheck> checks_;
+};
+
 // Copies (or converts) bytes [lo, hi) of the chunk in `buf` into the targets of its pieces
 // that overlap them, and counts the bytes written per target. `lo` and `hi` fall on element
 // boundaries of every converted piece: they are 0, the chunk's length, or multiples of kHashPiece,
@@ -114,14 +175,11 @@ void on_threads(size_t extra, const std::function<void()>& work) {
 // throws: the first error (by chunk order) is kept, and stops new reads.
 class Reads {
  public:
-  Reads(const ReadPlan& plan, const std::vector<Target>& targets,
-        const std::vector<OpenShard>& shards, io::Engine& engine, const ReadBuffers& buffers,
+  Reads(const ReadPlan& plan, const std::vector<Target>& targets, ChunkSource& source,
         const LoadOptions& options)
       : plan_(plan),
         targets_(targets),
-        shards_(shards),
-        engine_(engine),
-        buffers_(buffers),
+        source_(source),
         options_(options),
         written_(targets.size()),
         progress_(options.progress, plan.bytes) {}
@@ -135,11 +193,7 @@ class Reads {
       job = next_++;
       ++pending_;
     }
-    const ChunkRead& c = plan_.chunks[job];
-    const OpenShard& s = shards_[c.file];
-    // O_DIRECT reads whole blocks; the last chunk of a file then simply reads short.
-    const uint64_t len = s.direct.valid() ? align_up(c.length) : c.length;
-    engine_.read(s.fd(), buffers_.data(buf), len, c.offset, -1, [this, job, buf](int result) {
+    source_.fetch(job, buf, [this, job, buf](int result) {
       // Notified under the lock: once it is released, a processor may take this last read,
       // return, and the load destroy cv_ while this (io) thread would still be notifying.
       std::lock_guard<std::mutex> lock(mu_);
@@ -194,7 +248,7 @@ class Reads {
       for (size_t i; (i = next++) < deferred_.size();) {
         const Completion& d = deferred_[i];
         const ChunkRead& c = plan_.chunks[d.job];
-        scatter(c, buffers_.data(d.buf), 0, c.length, targets_, written_);
+        scatter(c, source_.data(d.job, d.buf), 0, c.length, targets_, written_);
       }
     });
   }
@@ -208,7 +262,7 @@ class Reads {
   // The result of a finished read: an error, or a chunk cut short (truncation).
   void check_length(const Completion& d) const {
     const ChunkRead& c = plan_.chunks[d.job];
-    const ShardReader& r = *shards_[c.file].reader;
+    const ChunkCheck& r = source_.check(c.file);
     if (d.result < 0) {
       detail::throw_sys_error(d.result, "read " + r.path() + " chunk " + std::to_string(c.chunk) +
                                             " at offset " + std::to_string(c.offset));
@@ -221,8 +275,8 @@ class Reads {
   // The hash of a finished read, before any of it is scattered (atomic loads).
   void check_hash(const Completion& d) const {
     const ChunkRead& c = plan_.chunks[d.job];
-    const ShardReader& r = *shards_[c.file].reader;
-    if (options_.verify && !r.chunk_ok(c.chunk, buffers_.data(d.buf), c.length)) {
+    const ChunkCheck& r = source_.check(c.file);
+    if (options_.verify && !r.chunk_ok(c.chunk, source_.data(d.job, d.buf), c.length)) {
       r.throw_hash_mismatch(c.chunk);
     }
   }
@@ -232,7 +286,7 @@ class Reads {
   // been copied into its targets, which the error then names as written.
   void hash_and_scatter(const Completion& d, format::Hash64Stream& hash) {
     const ChunkRead& c = plan_.chunks[d.job];
-    const uint8_t* data = buffers_.data(d.buf);
+    const uint8_t* data = source_.data(d.job, d.buf);
     if (!options_.verify) {
       scatter(c, data, 0, c.length, targets_, written_);
       return;
@@ -243,7 +297,7 @@ class Reads {
       hash.update(data + lo, hi - lo);
       scatter(c, data, lo, hi, targets_, written_);
     }
-    const ShardReader& r = *shards_[c.file].reader;
+    const ChunkCheck& r = source_.check(c.file);
     if (!r.hash_ok(c.chunk, hash.digest())) r.throw_hash_mismatch(c.chunk);
   }
 
@@ -261,9 +315,7 @@ class Reads {
 
   const ReadPlan& plan_;
   const std::vector<Target>& targets_;
-  const std::vector<OpenShard>& shards_;
-  io::Engine& engine_;
-  const ReadBuffers& buffers_;
+  ChunkSource& source_;
   const LoadOptions& options_;
   std::vector<std::atomic<uint64_t>> written_;
   detail::ProgressMeter progress_;
@@ -308,6 +360,20 @@ std::string written_note(const std::vector<Target>& targets,
   } catch (const Error& x) {
     throw_error(x.code(), x.what() + note, x.sys_errno());
   }
+}
+
+// Runs the reads of `plan` from `source` with `slots` fetches at once and `extra` processor
+// threads besides this one, then (atomic) scatters them; throws the first error.
+void run_reads(const ReadPlan& plan, const std::vector<Target>& targets, ChunkSource& source,
+               const LoadOptions& options, bool in_place, size_t slots, size_t extra) {
+  Reads reads(plan, targets, source, options);
+  for (size_t b = 0; b < slots; ++b) reads.submit(static_cast<int>(b));
+  // From here until every read is back, nothing throws: the reads use this frame.
+  on_threads(extra, [&] { reads.process(); });
+  if (const std::exception_ptr error = reads.error()) {
+    rethrow_with(error, in_place && !options.atomic ? written_note(targets, reads.written()) : "");
+  }
+  if (options.atomic) reads.scatter_deferred(extra);
 }
 
 }  // namespace
@@ -405,14 +471,24 @@ ReadStats read_chunks(const format::SnapshotDir& dir, const Manifest& manifest,
   // Not registered with io_uring: buffers live for one load, and registering pins (faults in)
   // all of them before the first read, which costs more than it saves here.
   const ReadBuffers buffers(count, buf_bytes);
-  Reads reads(plan, targets, shards, engine, buffers, options);
-  for (size_t b = 0; b < count; ++b) reads.submit(static_cast<int>(b));
-  // From here until every read is back, nothing throws: the reads use this frame.
-  on_threads(extra, [&] { reads.process(); });
-  if (const std::exception_ptr error = reads.error()) {
-    rethrow_with(error, in_place && !options.atomic ? written_note(targets, reads.written()) : "");
-  }
-  if (options.atomic) reads.scatter_deferred(extra);
+  FileChunks source(plan, shards, engine, buffers);
+  run_reads(plan, targets, source, options, in_place, count, extra);
+  stats.bytes = plan.bytes;
+  return stats;
+}
+
+ReadStats read_hot_chunks(const stage::HotImage& image, const std::vector<Target>& targets,
+                          const ReadPlan& plan, const LoadOptions& options, bool in_place) {
+  ReadStats stats;
+  stats.engine = "memory";
+  if (plan.chunks.empty()) return stats;
+  HotChunks source(plan, image);
+  // Nothing to wait for: one processor per core hashes and copies. An atomic load fetches
+  // every chunk at once (each is verified before any is scattered) and needs no buffer.
+  const size_t n = plan.chunks.size();
+  const size_t cores = std::max(1u, std::thread::hardware_concurrency());
+  const size_t slots = options.atomic ? n : std::min(n, cores);
+  run_reads(plan, targets, source, options, in_place, slots, std::min(n, cores) - 1);
   stats.bytes = plan.bytes;
   return stats;
 }

@@ -47,7 +47,19 @@ StagingPool::~StagingPool() {
 int StagingPool::acquire(bool* waited) {
   std::unique_lock<std::mutex> lock(mu_);
   if (waited != nullptr) *waited = free_.empty();
-  cv_.wait(lock, [&] { return !free_.empty(); });
+  while (free_.empty()) {
+    if (!reclaim_) {
+      cv_.wait(lock);
+      continue;
+    }
+    // Kept buffers (hot images) come back only if reclaimed; and an image may start keeping
+    // buffers while this waits, so the reclaim is tried again until a buffer is free.
+    const std::function<void()> reclaim = reclaim_;
+    lock.unlock();
+    reclaim();
+    lock.lock();
+    if (free_.empty()) cv_.wait_for(lock, kReclaimRetry);
+  }
   const int i = free_.back();
   free_.pop_back();
   return i;
@@ -60,6 +72,11 @@ void StagingPool::release(int index) {
     free_.push_back(index);
   }
   cv_.notify_one();
+}
+
+void StagingPool::set_reclaim(std::function<void()> reclaim) {
+  std::lock_guard<std::mutex> lock(mu_);
+  reclaim_ = std::move(reclaim);
 }
 
 bool StagingPool::used_before(int index) const {

@@ -5,9 +5,11 @@
 // Thread-safety: all methods are thread-safe. Ownership: owns the memory; buffers handed out
 // stay valid until the pool is destroyed, which must happen after every buffer is released.
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -29,6 +31,11 @@ class StagingPool {
   int acquire(bool* waited = nullptr);
   /// Returns a buffer to the pool.
   void release(int index);
+  /// Sets what acquire() calls (without the pool's lock) when no buffer is free, before it
+  /// waits, and again every kReclaimRetry while it still finds none: the hot images' eviction
+  /// (stage/hot_image.h), which gives kept buffers back. Set before the first acquire().
+  void set_reclaim(std::function<void()> reclaim);
+  static constexpr std::chrono::milliseconds kReclaimRetry{20};
   /// The memory of buffer `index`.
   uint8_t* data(int index) const { return buffers_[index]; }
   size_t buffer_bytes() const { return buffer_bytes_; }
@@ -49,6 +56,7 @@ class StagingPool {
   std::unique_ptr<detail::AnonMemory> memory_;  // the buffers when not pinned
   mutable std::mutex mu_;
   std::condition_variable cv_;
+  std::function<void()> reclaim_;
 };
 
 }  // namespace tsnap::stage

@@ -238,14 +238,28 @@ SaveStats save(const std::filesystem::path& path, const Checkpoint& checkpoint,
   return save(path, checkpoint.state(), checkpoint.saved_metadata(), options);
 }
 
-Checkpoint load_checkpoint(const std::filesystem::path& path, const LoadOptions& options) {
+namespace {
+
+void check_no_prefix(const LoadOptions& options) {
   if (!options.key_prefix.empty()) {
     throw_error(ErrorCode::kInvalidArgument,
                 "load_checkpoint keeps the objects' prefixes: select an object's keys with "
                 "include = {\"" + options.key_prefix + "*\"} instead of key_prefix");
   }
+}
+
+}  // namespace
+
+Checkpoint load_checkpoint(const std::filesystem::path& path, const LoadOptions& options) {
+  check_no_prefix(options);
   const Manifest manifest = read_manifest(path);
   return Checkpoint::from_saved(load(path, options), manifest.metadata);
+}
+
+Checkpoint load_checkpoint(const HotSnapshot& snapshot, const LoadOptions& options) {
+  check_no_prefix(options);
+  StateDict state = load(snapshot, options);  // checks the handle before manifest() would
+  return Checkpoint::from_saved(std::move(state), snapshot.manifest().metadata);
 }
 
 SaveHandle Snapshotter::save_async(const std::string& name, const Checkpoint& checkpoint,

@@ -1,0 +1,86 @@
+#pragma once
+/// \file
+/// `tsnap::HotSnapshot`: the last snapshot a Snapshotter committed, still in its staging buffers
+/// (`SnapshotterOptions::keep_hot`), and loads from it that never touch the disk: roll training
+/// back a few steps after a NaN loss or a caught exception while the process is alive.
+/// ```
+/// tsnap::Snapshotter snap({.root = "ckpt", .keep_hot = true});
+/// ...
+/// if (!std::isfinite(loss.item<double>())) {
+///   if (tsnap::HotSnapshot hot = snap.hot_snapshot()) {
+///     tsnap::load_checkpoint(hot).apply({{"model", model}, {"optim", tsnap::bind(opt, model)}});
+///   }
+/// }
+/// ```
+/// A hot load reads the same bytes a load of the snapshot's directory would read and verifies
+/// every chunk against the manifest's XXH3-64 before its bytes are used, so it gives the same
+/// tensors, bit for bit, and the same errors (FormatError(kHashMismatch) for a corrupt buffer).
+///
+/// Lifetime: a HotSnapshot is a handle, not a pin. The bytes stay in the Snapshotter's staging
+/// pool until a later save commits (its image replaces this one) or needs the buffers (eviction);
+/// a load holds them for the length of the call only, so a save never waits on a handle someone
+/// forgot, and never on anything but a load that is running. A load after eviction throws
+/// IoError(kNotFound); `resident()` tells beforehand (a hint: a save may evict it just after).
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "tsnap/export.h"
+#include "tsnap/load.h"
+#include "tsnap/manifest.h"
+#include "tsnap/state_dict.h"
+
+namespace tsnap {
+
+namespace detail {
+struct HotAccess;
+}  // namespace detail
+
+/// A committed snapshot whose bytes are (or were) in a Snapshotter's staging buffers. Obtained
+/// from `Snapshotter::hot_snapshot()`; a default-constructed (or "none") handle is empty.
+/// Thread-safety: a value type; const use from several threads is fine, and loads from several
+/// threads may run at once. Ownership: shares the snapshot's manifest (valid for the handle's
+/// lifetime); the bytes belong to the Snapshotter (see the file comment).
+class TSNAP_API HotSnapshot {
+ public:
+  /// An empty handle ("no hot snapshot").
+  HotSnapshot() = default;
+  /// Whether the handle refers to a snapshot (it may be evicted since: see resident()).
+  explicit operator bool() const noexcept { return impl_ != nullptr; }
+  /// The snapshot's name and directory (`<root>/<name>`), as committed. Errors:
+  /// InvalidArgument on an empty handle (also for manifest()).
+  const std::string& name() const;
+  const std::filesystem::path& path() const;
+  /// The manifest as committed (the same as `read_manifest(path())` while the directory is
+  /// unchanged): keys, dtypes, shapes, the user's metadata, chunk hashes.
+  const Manifest& manifest() const;
+  /// Whether the bytes are still in memory now (false for an empty handle).
+  bool resident() const;
+
+  struct Impl;
+
+ private:
+  friend struct detail::HotAccess;
+  std::shared_ptr<const Impl> impl_;
+};
+
+/// `tsnap::load` from memory: new CPU tensors in their stored dtype, bit-identical to a load of
+/// the directory. Same options and semantics as the disk version; the read options (engine,
+/// direct_io, io_threads, read_budget_bytes) do not apply: nothing is read.
+/// Errors: InvalidArgument for an empty handle; IoError(kNotFound) once evicted;
+/// FormatError(kHashMismatch) naming file and chunk for a corrupt buffer (with
+/// `verify`, the default); those of `tsnap::load` for patterns. Thread-safe.
+/// Ownership: the returned tensors are new and owned by the caller.
+TSNAP_API StateDict load(const HotSnapshot& snapshot, const LoadOptions& options = {});
+
+/// `tsnap::load_into` from memory: the same checks before any destination byte changes, the
+/// same conversions, the same report (`engine` is "memory", `bytes_read` the bytes verified).
+/// With `atomic`, every selected chunk is verified before any destination is written; this
+/// needs no read buffers (the bytes are in memory already), so read_budget_bytes does not bound
+/// it. Errors: those of `load(const HotSnapshot&)` and of `tsnap::load_into`.
+/// Thread-safety and ownership: as tsnap::load_into.
+TSNAP_API LoadReport load_into(const HotSnapshot& snapshot, StateDict& dest,
+                               const LoadOptions& options = {});
+
+}  // namespace tsnap
