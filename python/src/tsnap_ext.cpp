@@ -16,6 +16,7 @@
 #include <torch/extension.h>
 
 #include <chrono>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -26,6 +27,7 @@
 #include "tsnap/catalog.h"
 #include "tsnap/checkpoint.h"
 #include "tsnap/error.h"
+#include "tsnap/hot_snapshot.h"
 #include "tsnap/load.h"
 #include "tsnap/periodic_snapshots.h"
 #include "tsnap/save.h"
@@ -318,6 +320,9 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("commit_s", &tsnap::SaveStats::commit_s)
       .def_readonly("total_s", &tsnap::SaveStats::total_s)
       .def_readonly("bytes", &tsnap::SaveStats::bytes)
+      .def_readonly("written_bytes", &tsnap::SaveStats::written_bytes)
+      .def_readonly("linked_bytes", &tsnap::SaveStats::linked_bytes)
+      .def_readonly("reused_bytes", &tsnap::SaveStats::reused_bytes)
       .def_readonly("tensor_bytes", &tsnap::SaveStats::tensor_bytes)
       .def_readonly("chunks", &tsnap::SaveStats::chunks)
       .def_readonly("files", &tsnap::SaveStats::files)
@@ -360,7 +365,9 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init([](const std::string& root, uint64_t staging_budget, uint64_t chunk_bytes,
                        int stage_threads, int io_threads, unsigned queue_depth,
                        const std::string& engine, bool direct_io, int max_in_flight,
-                       bool fail_fast) {
+                       bool fail_fast, bool incremental, bool keep_hot,
+                       const std::string& durable_root, uint64_t drain_bytes_per_second,
+                       int local_keep_last) {
              tsnap::SnapshotterOptions options;
              options.root = root;
              options.staging_budget_bytes = staging_budget;
@@ -373,6 +380,11 @@ PYBIND11_MODULE(_C, m) {
              options.max_in_flight = max_in_flight;
              options.in_flight =
                  fail_fast ? tsnap::InFlightPolicy::kFailFast : tsnap::InFlightPolicy::kWait;
+             options.incremental = incremental;
+             options.keep_hot = keep_hot;
+             options.durable_root = durable_root;
+             options.drain_bytes_per_second = drain_bytes_per_second;
+             options.local_keep_last = local_keep_last;
              auto out = std::make_unique<PySnapshotter>();
              py::gil_scoped_release release;
              out->snapshotter = std::make_unique<tsnap::Snapshotter>(std::move(options));
@@ -380,16 +392,19 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("root"), py::arg("staging_budget"), py::arg("chunk_bytes"),
            py::arg("stage_threads"), py::arg("io_threads"), py::arg("queue_depth"),
-           py::arg("engine"), py::arg("direct_io"), py::arg("max_in_flight"), py::arg("fail_fast"))
+           py::arg("engine"), py::arg("direct_io"), py::arg("max_in_flight"), py::arg("fail_fast"),
+           py::arg("incremental"), py::arg("keep_hot"), py::arg("durable_root"),
+           py::arg("drain_bytes_per_second"), py::arg("local_keep_last"))
       .def("save_async",
            [](PySnapshotter& self, const std::string& name,
               const std::map<std::string, at::Tensor>& tensors, const std::string& metadata,
               const py::object& dtype, const std::string& staging, bool overwrite, int num_shards,
-              uint64_t chunk_bytes) {
+              uint64_t chunk_bytes, const py::object& incremental) {
              const tsnap::StateDict state = to_state(tensors);
              const json meta = to_json(metadata, "metadata");
-             const tsnap::SaveOptions options =
+             tsnap::SaveOptions options =
                  save_options(dtype, staging, overwrite, num_shards, chunk_bytes);
+             if (!incremental.is_none()) options.incremental = incremental.cast<bool>();
              tsnap::Snapshotter& snap = self.get();
              py::gil_scoped_release release;
              return snap.save_async(name, state, meta, options);
@@ -399,6 +414,37 @@ PYBIND11_MODULE(_C, m) {
              tsnap::Snapshotter& snap = self.get();
              py::gil_scoped_release release;
              snap.wait_all();
+           })
+      .def("load_hot",
+           [](PySnapshotter& self, std::vector<std::string> include,
+              std::vector<std::string> exclude) -> py::object {
+             const tsnap::HotSnapshot hot = self.get().hot_snapshot();
+             if (!hot) return py::none();
+             const tsnap::LoadOptions options =
+                 load_options(std::move(include), std::move(exclude), true, "", false);
+             tsnap::StateDict state;
+             {
+               py::gil_scoped_release release;
+               state = tsnap::load(hot, options);
+             }
+             return py::make_tuple(hot.name(), hot.manifest().metadata.dump(), to_dict(state));
+           })
+      .def("drain_wait",
+           [](PySnapshotter& self) {
+             tsnap::Snapshotter& snap = self.get();
+             py::gil_scoped_release release;
+             snap.drain_wait();
+           })
+      .def("latest",
+           [](PySnapshotter& self) -> py::object {
+             std::optional<std::filesystem::path> p;
+             {
+               tsnap::Snapshotter& snap = self.get();
+               py::gil_scoped_release release;
+               p = snap.latest();
+             }
+             if (!p) return py::none();
+             return py::str(p->string());
            })
       .def("close", &PySnapshotter::close)
       .def_property_readonly("root", [](PySnapshotter& self) { return self.get().root().string(); })

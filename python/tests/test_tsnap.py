@@ -359,3 +359,50 @@ def test_snapshotter_outlives_its_hook(tmp_path):
     snap.close()
     with pytest.raises(tsnap.Error, match="closed"):
         snap.save_async("x", {"w": torch.zeros(2)})
+
+
+def fine_tuning(step):
+    frozen = {f"layer{i}": sample(torch.float32, (256, 256), seed=i) for i in range(6)}
+    head = sample(torch.float32, (64, 64), seed=100) + step
+    return {"backbone": frozen, "head": head, "step": step}
+
+
+def test_incremental_saves_link_unchanged_files(tmp_path):
+    with tsnap.Snapshotter(tmp_path, chunk_bytes=64 << 10, incremental=True) as snap:
+        first = snap.save_async("s1", fine_tuning(1))
+        first.wait()
+        second = snap.save_async("s2", fine_tuning(2))
+        second.wait()
+        assert first.stats.linked_bytes == 0
+        assert second.stats.linked_bytes > second.stats.bytes // 2
+        assert second.stats.written_bytes + second.stats.linked_bytes == second.stats.bytes
+        full = snap.save_async("s3", fine_tuning(3), incremental=False)
+        full.wait()
+        assert full.stats.linked_bytes == 0
+    for step in (1, 2, 3):
+        assert_same(tsnap.load(tmp_path / f"s{step}"), fine_tuning(step))
+    assert tsnap.verify(tmp_path / "s2") == []
+
+
+def test_hot_restore_from_memory(tmp_path):
+    with tsnap.Snapshotter(tmp_path, keep_hot=True) as snap:
+        assert snap.load_hot() is None
+        state = fine_tuning(4)
+        snap.save_async("s4", state).wait()
+        assert_same(snap.load_hot(), fine_tuning(4))
+        assert set(snap.load_hot(include="backbone/*")["backbone"]) == {f"layer{i}" for i in range(6)}
+    with tsnap.Snapshotter(tmp_path / "off") as snap:
+        snap.save_async("s", fine_tuning(1)).wait()
+        assert snap.load_hot() is None
+
+
+def test_durable_tier_drain(tmp_path):
+    local, durable = tmp_path / "local", tmp_path / "durable"
+    with tsnap.Snapshotter(local, durable_root=durable, local_keep_last=1) as snap:
+        for step in (1, 2, 3):
+            snap.save_async(f"s{step}", fine_tuning(step)).wait()
+        snap.drain_wait()
+        assert snap.latest() is not None
+    for step in (1, 2, 3):
+        assert_same(tsnap.load(durable / f"s{step}"), fine_tuning(step))
+    assert [n for n in os.listdir(local) if not n.startswith(".")] == ["s3"]

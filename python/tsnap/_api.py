@@ -87,20 +87,29 @@ class Snapshotter:
     Arguments mirror ``tsnap::SnapshotterOptions``: ``chunk_bytes`` (multiple of 4096),
     ``stage_threads`` (0 = half the cores), ``io_threads``, ``queue_depth``, ``engine``
     ('auto', 'io_uring', 'pwrite'), ``direct_io``, ``max_in_flight`` (saves writing at once),
-    ``when_busy`` ('wait': a save beyond max_in_flight waits; 'fail': raises tsnap.Error busy).
+    ``when_busy`` ('wait': a save beyond max_in_flight waits; 'fail': raises tsnap.Error busy),
+    ``incremental`` (write only the chunks that differ from the previous snapshot; unchanged
+    shard files become hard links), ``keep_hot`` (keep the last snapshot's bytes in memory for
+    ``load_hot()``), ``durable_root`` (a second, slower directory that a background drain copies
+    each committed snapshot to, at most ``drain_bytes_per_second``, keeping the newest
+    ``local_keep_last`` under ``root``).
     """
 
     def __init__(self, root, staging_budget=0, *, chunk_bytes=16 << 20, stage_threads=0,
                  io_threads=4, queue_depth=32, engine="auto", direct_io=True, max_in_flight=2,
-                 when_busy="wait"):
+                 when_busy="wait", incremental=False, keep_hot=False, durable_root=None,
+                 drain_bytes_per_second=0, local_keep_last=2):
         if when_busy not in ("wait", "fail"):
             raise ValueError(f"tsnap: when_busy must be 'wait' or 'fail', not {when_busy!r}")
         self._s = _C.Snapshotter(_fspath(root), int(staging_budget), int(chunk_bytes),
                                  int(stage_threads), int(io_threads), int(queue_depth), engine,
-                                 bool(direct_io), int(max_in_flight), when_busy == "fail")
+                                 bool(direct_io), int(max_in_flight), when_busy == "fail",
+                                 bool(incremental), bool(keep_hot),
+                                 _fspath(durable_root) if durable_root is not None else "",
+                                 int(drain_bytes_per_second), int(local_keep_last))
 
     def save_async(self, name, state, metadata=None, dtype=None, staging="eager", *,
-                   overwrite=False, num_shards=0, chunk_bytes=0):
+                   overwrite=False, num_shards=0, chunk_bytes=0, incremental=None):
         """Starts saving ``state`` (a dict, possibly nested) as ``<root>/<name>``.
 
         Returns a SaveHandle once every tensor is copied into staging buffers (``staging=
@@ -108,12 +117,32 @@ class Snapshotter:
         ``handle.wait_staged()`` before the tensors next change, e.g. before
         ``optimizer.step()``). ``dtype`` (e.g. ``torch.bfloat16``) stores floating tensors in
         that precision; integer and bool tensors keep theirs. ``metadata`` is a JSON-able dict
-        stored in the manifest. Raises tsnap.Error for a bad name, an existing snapshot (unless
-        ``overwrite``), or a save of the same name still in flight.
+        stored in the manifest. ``incremental`` (None: the Snapshotter's) overrides the
+        Snapshotter's default for this save. Raises tsnap.Error for a bad name, an existing
+        snapshot (unless ``overwrite``), or a save of the same name still in flight.
         """
         tensors, meta = _saved_metadata(state, metadata)
         return SaveHandle(self._s.save_async(name, tensors, meta, dtype, staging,
-                                             bool(overwrite), int(num_shards), int(chunk_bytes)))
+                                             bool(overwrite), int(num_shards), int(chunk_bytes),
+                                             incremental))
+
+    def load_hot(self, include=None, exclude=None, *, flat=False):
+        """The last committed snapshot from memory (``keep_hot=True``), as ``load`` returns it
+        (every chunk verified against its hash), or None when none is in memory (keep_hot off,
+        nothing saved yet, or evicted by a later save that needed the buffers)."""
+        got = self._s.load_hot(_patterns(include), _patterns(exclude))
+        if got is None:
+            return None
+        _, meta_text, tensors = got
+        meta = json.loads(meta_text)
+        if flat or TREE_KEY not in meta:
+            return tensors
+        return unflatten(meta[TREE_KEY], tensors)
+
+    def drain_wait(self):
+        """With ``durable_root``: waits until every committed snapshot is in the durable tier;
+        raises the first drain failure not raised yet."""
+        self._s.drain_wait()
 
     def wait_all(self):
         """Waits for every save in flight (each handle keeps its own error)."""
@@ -138,8 +167,8 @@ class Snapshotter:
         return self._s.staging_budget
 
     def latest(self):
-        """The newest committed snapshot under the root, or None."""
-        return latest(self.root)
+        """The newest committed snapshot under the root (and the durable root), or None."""
+        return self._s.latest()
 
     def __enter__(self):
         return self

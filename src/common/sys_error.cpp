@@ -17,4 +17,14 @@ void throw_sys_error(int neg_errno, const std::string& what) {
   std::rethrow_exception(sys_error(neg_errno, what));
 }
 
+std::string message_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    return ex.what();
+  } catch (...) {
+    return "unknown error";
+  }
+}
+
 }  // namespace tsnap::detail

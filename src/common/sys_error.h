@@ -1,5 +1,6 @@
 #pragma once
-// Converting -errno results of the I/O layer into tsnap errors, in one place.
+// Converting -errno results of the I/O layer into tsnap errors, and errors into messages, in
+// one place.
 
 #include <exception>
 #include <string>
@@ -11,5 +12,9 @@ namespace tsnap::detail {
 std::exception_ptr sys_error(int neg_errno, const std::string& what);
 /// Throws it.
 [[noreturn]] void throw_sys_error(int neg_errno, const std::string& what);
+
+/// The message of a captured exception (what() of a std::exception, else "unknown error"),
+/// for records and logs that keep errors as text.
+std::string message_of(const std::exception_ptr& e);
 
 }  // namespace tsnap::detail

@@ -53,16 +53,6 @@ std::string hex64(uint64_t v) {
   return text;
 }
 
-std::string message_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& ex) {
-    return ex.what();
-  } catch (...) {
-    return "unknown error";
-  }
-}
-
 format::SnapshotAge age_of(const Manifest& m) {
   return {format::step_of(m.metadata), m.created_unix_ns};
 }
@@ -208,7 +198,7 @@ void Drain::run() {
       const std::exception_ptr e = std::current_exception();
       std::lock_guard<std::mutex> relock(mu_);
       ++stats_.failed;
-      stats_.last_error = message_of(e);
+      stats_.last_error = detail::message_of(e);
       unreported_[""] = e;
       failure_order_[""] = ++failures_;
     }
@@ -247,7 +237,7 @@ void Drain::pass() {
       DrainRecord failed;
       failed.name = l.name;
       failed.id = l.manifest->id;
-      failed.error = message_of(error);
+      failed.error = detail::message_of(error);
       failed.seconds = std::chrono::duration<double>(Clock::now() - started).count();
       bool bad_local_bytes = false;
       try {

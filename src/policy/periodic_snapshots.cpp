@@ -20,6 +20,7 @@
 #include <optional>
 #include <thread>
 
+#include "common/sys_error.h"
 #include "format/layout.h"
 #include "pipeline/coordinator.h"
 #include "pipeline/rank_report.h"
@@ -151,16 +152,6 @@ void wait_quietly(const SaveHandle& handle) {
   try {
     handle.wait();
   } catch (...) {
-  }
-}
-
-std::string message_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& ex) {
-    return ex.what();
-  } catch (...) {
-    return "unknown error";
   }
 }
 
@@ -376,7 +367,7 @@ void PeriodicSnapshots::Impl::on_completed(SnapshotRecord record, const SaveHand
   record.save = handle.stats();
   record.committed = error == nullptr;
   if (error) {
-    record.error = message_of(error);
+    record.error = detail::message_of(error);
   } else if (!snapshotter.durable_root().empty()) {
     // Two tiers: retention runs after the drain (on_drained), where both tiers are known.
   } else if (!coord || coord->rank() == 0) {  // in a group, rank 0 alone deletes

@@ -16,6 +16,7 @@
 #include "support/test_util.h"
 #include "tsnap/catalog.h"
 #include "tsnap/error.h"
+#include "tsnap/hot_snapshot.h"
 #include "tsnap/load.h"
 #include "tsnap/manifest.h"
 #include "tsnap/remove.h"
@@ -193,6 +194,27 @@ TEST(Incremental, OverwritingTheBaseItselfKeepsItsBytes) {
     h.wait();
     EXPECT_GT(h.stats().linked_bytes, 0u);
     expect_holds(dir / "latest", step);
+  }
+}
+
+// keep_hot: the chunks an incremental save did not write are in its hot image all the same.
+TEST(Incremental, HotImageOfAnIncrementalSaveIsWhole) {
+  TempDir dir;
+  SnapshotterOptions o = options_for(dir.path());
+  o.keep_hot = true;
+  o.staging_budget_bytes = 0;  // automatic: room for the image and the next save
+  Snapshotter snap(o);
+  snap.save_async("s1", state_at(1)).wait();
+  SaveHandle h = snap.save_async("s2", state_at(2));
+  h.wait();
+  ASSERT_GT(h.stats().linked_bytes, 0u);
+  const HotSnapshot hot = snap.hot_snapshot();
+  ASSERT_TRUE(hot);
+  const StateDict from_memory = load(hot);
+  const StateDict expected = state_at(2);
+  ASSERT_EQ(from_memory.size(), expected.size());
+  for (const auto& [key, entry] : expected) {
+    EXPECT_TRUE(bitwise_equal(from_memory.at(key), entry.tensor)) << key;
   }
 }
 
