@@ -63,8 +63,10 @@ struct TSNAP_API SnapshotterOptions {
   /// checking every chunk's XXH3-64 before it writes it, so a durable snapshot is never one that
   /// verifies wrong. At construction the drain starts with the committed snapshots of `root`
   /// that the durable tier lacks (oldest first: a drain interrupted by a crash resumes), after
-  /// removing stale temporaries of the durable root (as on `root`). Not with `group`
-  /// (kUnsupported). See Snapshotter::drain_wait.
+  /// removing stale temporaries of the durable root (as on `root`). With `group`, whose
+  /// snapshots are one shared directory committed by rank 0, rank 0 alone drains them (every
+  /// rank's files) and applies the local tier's retention; on the other ranks drain_wait(),
+  /// drained() and drain_stats() have nothing to report. See Snapshotter::drain_wait.
   std::filesystem::path durable_root;
   /// The drain's copy rate in bytes per second (writes paced in pieces of 1 MiB), 0 = unlimited.
   uint64_t drain_bytes_per_second = 0;

@@ -119,10 +119,6 @@ Snapshotter::Impl::Impl(SnapshotterOptions options) {
 
 void Snapshotter::Impl::start_drain() {
   const SnapshotterOptions& o = res.options;
-  if (o.group) {
-    throw_error(ErrorCode::kUnsupported,
-                "SnapshotterOptions::durable_root is not supported with a DistGroup");
-  }
   if (o.local_keep_last < 0) {
     throw_error(ErrorCode::kInvalidArgument, "local_keep_last must be >= 0");
   }
@@ -132,6 +128,9 @@ void Snapshotter::Impl::start_drain() {
     throw_error(ErrorCode::kInvalidArgument,
                 "durable_root " + o.durable_root.string() + " is the root itself");
   }
+  // A group's snapshots are one shared directory, each committed by rank 0: rank 0 alone
+  // drains them (every rank's files), the others have no drain.
+  if (o.group && o.group->rank() != 0) return;
   pipeline::DrainConfig config;
   config.local_root = o.root;
   config.durable_root = o.durable_root;
@@ -380,7 +379,7 @@ std::string Snapshotter::engine_name() const { return impl_->res.host->name(); }
 
 std::optional<fs::path> Snapshotter::latest() const {
   std::optional<fs::path> local = tsnap::latest(root());
-  if (!impl_->drain) return local;
+  if (durable_root().empty()) return local;
   std::optional<fs::path> durable = tsnap::latest(durable_root());
   if (!local || !durable) return local ? local : durable;
   try {

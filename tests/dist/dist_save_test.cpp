@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -170,6 +171,24 @@ void run_rank() {
       const std::string outcome = outcome_of(h);
       if (outcome != "ok") text = outcome;
       if (step == 3 && text.empty()) text = "ok " + std::to_string(h.stats().linked_bytes);
+    }
+    report(out, text);
+  } else if (scenario == "tier") {
+    // Two tiers across ranks: rank 0 drains the shared snapshots to the durable root.
+    o.incremental = true;
+    o.durable_root = root.parent_path() / "durable";
+    o.local_keep_last = 0;
+    Snapshotter snap(o);
+    std::string text;
+    for (int step = 1; step <= 2 && text.empty(); ++step) {
+      SaveHandle h = snap.save_async("s" + std::to_string(step),
+                                     incremental_state(rank, world, step));
+      const std::string outcome = outcome_of(h);
+      if (outcome != "ok") text = outcome;
+    }
+    if (text.empty()) {
+      snap.drain_wait();
+      text = "ok " + std::to_string(snap.drain_stats().drained);
     }
     report(out, text);
   } else if (scenario == "killed") {
@@ -373,6 +392,31 @@ TEST(DistSave, IncrementalChainReusesEachRanksFilesAndLoadsWhole) {
     if (f.reused_from == "s2") reusing_ranks.insert(f.rank);
   }
   EXPECT_EQ(reusing_ranks, (std::set<int>{0, 1}));
+}
+
+// A durable tier across ranks: rank 0 drains each snapshot (every rank's files) and links the
+// files the incremental save reused from the durable copy of the previous snapshot.
+TEST(DistSave, DurableTierIsDrainedByRankZero) {
+  TempDir dir;
+  const Ranks ranks = run_ranks("tier", 2, dir.path(), 20000);
+  EXPECT_EQ(ranks.texts[0], "ok 2");
+  EXPECT_EQ(ranks.texts[1], "ok 0");
+  for (int step = 1; step <= 2; ++step) {
+    const fs::path snap = dir / "durable" / ("s" + std::to_string(step));
+    ASSERT_TRUE(verify(snap).empty()) << snap;
+    const StateDict one = load(snap);
+    for (const auto& [key, g] : globals()) EXPECT_TRUE(bitwise_equal(one.at(key), g)) << key;
+    for (const auto& [key, entry] : incremental_state(0, 2, step)) {
+      if (!entry.shard) EXPECT_TRUE(bitwise_equal(one.at(key), entry.tensor)) << key << step;
+    }
+  }
+  int linked = 0;
+  for (const FileRecord& f : read_manifest(dir / "durable" / "s2").files) {
+    struct stat st{};
+    ASSERT_EQ(::stat((dir / "durable" / "s2" / f.name).c_str(), &st), 0);
+    if (!f.reused_from.empty() && st.st_nlink >= 2) ++linked;
+  }
+  EXPECT_GT(linked, 0);
 }
 
 TEST(DistSave, KilledRankFailsTheSaveOnEveryRankWithinTheTimeout) {
