@@ -295,6 +295,12 @@ void SaveJob::finish() {
   // Whatever a next save could need (the in-flight slot; the staging buffers went back as their
   // writes completed) is released before the handle completes: once wait() returns or an
   // on_complete callback runs, a new save is admitted at once.
+  // The caller's tensors are no longer needed: their references go before the handle
+  // completes, so that the caller may free them once wait() returns (no reference dropped by a
+  // tsnap thread afterwards).
+  for (plan::PlannedFile& file : plan_.files) {
+    for (plan::PlannedTensor& t : file.tensors) t.source = at::Tensor();
+  }
   if (release_slot_) release_slot_();
   state_->complete(error);
   if (on_completed_) on_completed_();
