@@ -3,12 +3,14 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <chrono>
 #include <condition_variable>
 #include <cmath>
@@ -82,12 +84,15 @@ struct PeriodicSnapshots::Impl {
   void log(const std::string& line);
   void report(const SnapshotRecord& record);
 
-  // Hook thread.
+  // Hook thread: timers, signals and (in a group) the trigger polls, none of which blocks.
   void arm_timer(uint64_t epoch);
   void poll_triggers();
   void wait_for_signal();
   void chain(int sig);
   void restore_signals();
+
+  // Completion thread: retention (file system work, which can take seconds when fsync is slow)
+  // and the user's callbacks, kept off the hook thread so that trigger polls stay on time.
   void on_completed(SnapshotRecord record, const SaveHandle& handle, std::exception_ptr error);
 
   // Drain thread (a two-tier Snapshotter): retention of both tiers after each drain.
@@ -105,6 +110,7 @@ struct PeriodicSnapshots::Impl {
   std::map<int, struct sigaction> previous;  // dispositions before the hook: chained, restored
   std::map<int, bool> chained;               // whether `previous` is a handler to call
   std::thread thread;
+  asio::thread_pool completions{1};  // on_completed, in completion order
 
   std::atomic<bool> time_due{false};
   std::atomic<uint64_t> timer_epoch{0};  // a timer armed before the latest restart never fires
@@ -134,8 +140,13 @@ struct PeriodicSnapshots::Impl {
   int64_t next_trigger = 0;  // hook thread
   bool poll_failed = false;  // hook thread: logged once
   std::deque<Trigger> agreed;  // guarded by mu; ascending steps
-  Clock::time_point last_after_step{};  // training thread
-  double step_s = 0;                    // training thread: moving average of a step's time
+  // Training thread: the training's own time per step (between after_step calls, without the
+  // hook's), over the last kStepWindow steps; a trigger's lead counts the fastest of them.
+  static constexpr size_t kStepWindow = 16;
+  Clock::time_point last_after_step{};
+  std::array<double, kStepWindow> step_times{};
+  size_t steps_timed = 0;
+  double fastest_step_s() const;
 
   mutable std::mutex mu;
   std::condition_variable cv;
@@ -218,6 +229,7 @@ PeriodicSnapshots::Impl::~Impl() {
   if (drain_listener >= 0) snapshotter.remove_drain_listener(drain_listener);
   if (current.valid()) wait_quietly(current);
   wait_processed();
+  completions.join();
   asio::post(io, [this] {
     timer.cancel();
     poll_timer.cancel();
@@ -358,7 +370,8 @@ void PeriodicSnapshots::Impl::start_save(int64_t step, SnapshotReason reason,
   last_began = began;
   last_blocked_s = record.blocked_s;
   handle.on_complete([this, record, handle](std::exception_ptr error) {
-    asio::post(io, [this, record, handle, error] { on_completed(record, handle, error); });
+    asio::post(completions,
+               [this, record, handle, error] { on_completed(record, handle, error); });
   });
 }
 
@@ -451,9 +464,20 @@ bool PeriodicSnapshots::Impl::continuous_due() const {
   return seconds_since(last_began) >= *interval;
 }
 
+double PeriodicSnapshots::Impl::fastest_step_s() const {
+  const size_t n = std::min(steps_timed, kStepWindow);
+  if (n == 0) return 0;
+  return *std::min_element(step_times.begin(), step_times.begin() + static_cast<ptrdiff_t>(n));
+}
+
 int64_t PeriodicSnapshots::Impl::propose(int64_t step, SnapshotReason reason, int sig) {
+  // The other ranks must see the trigger (their hook threads poll every 50 ms) before they pass
+  // its step, or their training collectives would wait for ranks that stopped. Counting the
+  // fastest recent step, not an average, keeps the lead at least kLeadSeconds when steps speed
+  // up after slow ones (a step that waited for a save).
+  const double fastest = fastest_step_s();
   const int64_t lead = std::clamp<int64_t>(
-      step_s > 0 ? static_cast<int64_t>(std::ceil(kLeadSeconds / step_s)) : kMinLeadSteps,
+      fastest > 0 ? static_cast<int64_t>(std::ceil(kLeadSeconds / fastest)) : kMinLeadSteps,
       kMinLeadSteps, 10000);
   const nlohmann::json t = {{"step", step + lead},
                             {"reason", to_string(reason)},
@@ -470,10 +494,9 @@ int64_t PeriodicSnapshots::Impl::propose(int64_t step, SnapshotReason reason, in
 void PeriodicSnapshots::Impl::after_step_distributed(int64_t step) {
   const Clock::time_point now = Clock::now();
   if (last_after_step != Clock::time_point{}) {
-    const double dt = std::chrono::duration<double>(now - last_after_step).count();
-    step_s = step_s == 0 ? dt : 0.8 * step_s + 0.2 * dt;
+    step_times[steps_timed++ % kStepWindow] =
+        std::chrono::duration<double>(now - last_after_step).count();
   }
-  last_after_step = now;
   if (const int sig = signal_pending.exchange(0); sig != 0) {
     propose(step, SnapshotReason::kSignal, sig);
   }
@@ -509,6 +532,21 @@ void PeriodicSnapshots::Impl::after_step_distributed(int64_t step) {
     // ids stay in step.
     pipeline::report_no_part(*coord, coord->next_save_id(), format::step_name(t.step),
                              make_error(ErrorCode::kPeerFailed, what));
+  }
+  // A signal's trigger learned too late (training without collectives in lockstep, or a hook
+  // thread starved for longer than the lead) still stops this rank, as it stopped the others;
+  // its final snapshot failed on every rank, so this throws like a failed final snapshot.
+  for (const Trigger& t : missed) {
+    if (t.reason != SnapshotReason::kSignal) continue;
+    if (current.valid()) wait_quietly(current);
+    wait_processed();
+    stop_signal.store(t.sig);
+    const std::string what = "signal " + std::to_string(t.sig) + " at step " +
+                             std::to_string(t.step) + " (rank " +
+                             std::to_string(coord->rank()) + " learned of it only at step " +
+                             std::to_string(step) + "): the final snapshot FAILED, stop";
+    log("tsnap: " + what);
+    throw_error(ErrorCode::kPeerFailed, what);
   }
   if (due && due->reason == SnapshotReason::kSignal) {
     final_snapshot(step, due->sig, now);
@@ -612,6 +650,11 @@ void PeriodicSnapshots::after_step(int64_t step) {
   Impl& m = *impl_;
   if (m.stop_signal.load() != 0) return;
   if (m.coord) {
+    // The training's time of the next step starts when this call returns (or throws).
+    struct Stamp {
+      Clock::time_point& at;
+      ~Stamp() { at = Clock::now(); }
+    } stamp{m.last_after_step};
     m.after_step_distributed(step);
     return;
   }

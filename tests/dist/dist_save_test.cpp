@@ -250,6 +250,36 @@ void run_rank() {
 #else
     report(out, "error built without Gloo");
 #endif
+  } else if (scenario == "late-signal") {
+    // No collectives in lockstep: rank 0 runs far ahead of rank 1, whose SIGUSR1 trigger names a
+    // step rank 0 has passed. Both ranks stop, and the final snapshot fails on both.
+    Snapshotter snap(o);
+    StateDict sd;
+    sd.insert("w", make_tensor(at::kFloat, {1000}, 0));
+    PeriodicSnapshots hook(snap, Schedule({.on_signals = {SIGUSR1}}),
+                           [&] { return Checkpoint::of({{"state", sd}}); }, {.log = nullptr});
+    const auto began = std::chrono::steady_clock::now();
+    int64_t step = 0;
+    std::string threw = "nothing";
+    try {
+      while (!hook.stop_requested() &&
+             std::chrono::steady_clock::now() - began < std::chrono::seconds(20)) {
+        std::this_thread::sleep_for(std::chrono::microseconds(rank == 0 ? 100 : 5000));
+        ++step;
+        if (rank == 1 && step == 30) ::raise(SIGUSR1);
+        hook.after_step(step);
+      }
+    } catch (const Error& e) {
+      threw = std::to_string(static_cast<int>(e.code()));
+    }
+    report(out, "signal " + std::to_string(hook.stop_signal()) + " threw " + threw +
+                    (rank == 0 ? (step > 200 ? " ahead" : " not-ahead") : ""));
+    // Rank 0 serves the group's store: it stays until rank 1 has reported.
+    const fs::path other = root.parent_path() / "rank-1.txt";
+    while (rank == 0 && !fs::exists(other) &&
+           std::chrono::steady_clock::now() - began < std::chrono::seconds(20)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
   } else if (scenario == "resume") {
     Snapshotter snap(o);
     StateDict sd;
@@ -512,6 +542,18 @@ TEST(DistPeriodic, SignalOnOneRankStopsAllAfterOneFinalSnapshotAndTheyResumeAlik
                          [&] { return Checkpoint::of({{"state", sd}}); }, {.log = nullptr});
   EXPECT_EQ(hook.resume([&](Checkpoint& c) { c.apply({{"state", sd}}); }), stop);
   EXPECT_TRUE(bitwise_equal(sd.at("w"), make_tensor(at::kFloat, {1000}, static_cast<uint64_t>(stop))));
+}
+
+TEST(DistPeriodic, ASignalLearnedAfterItsStepStopsThatRankTooAndFailsTheFinalSnapshot) {
+  TempDir dir;
+  const Ranks ranks = run_ranks("late-signal", 2, dir.path(), 5000);
+  const std::string peer_failed = std::to_string(static_cast<int>(ErrorCode::kPeerFailed));
+  EXPECT_EQ(ranks.texts[0], "signal " + std::to_string(SIGUSR1) + " threw " + peer_failed + " ahead")
+      << ranks.texts[1];
+  EXPECT_EQ(ranks.texts[1].rfind("signal " + std::to_string(SIGUSR1) + " threw ", 0), 0u)
+      << ranks.texts[1];
+  EXPECT_NE(ranks.texts[1], "signal " + std::to_string(SIGUSR1) + " threw nothing");
+  EXPECT_FALSE(latest(dir / "root").has_value()) << "no final snapshot committed";
 }
 
 }  // namespace
