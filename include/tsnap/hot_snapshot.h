@@ -53,7 +53,14 @@ class TSNAP_API HotSnapshot {
   const std::string& name() const;
   const std::filesystem::path& path() const;
   /// The manifest as committed (the same as `read_manifest(path())` while the directory is
-  /// unchanged): keys, dtypes, shapes, the user's metadata, chunk hashes.
+  /// unchanged): keys, dtypes, shapes, the user's metadata, chunk hashes. With a group
+  /// (distributed saves) it is this rank's view: its own files, and files named
+  /// `memory-r<rank>-<i>.safetensors` (never on disk) holding the replicated entries other
+  /// ranks wrote, with the hashes of this rank's bytes; other ranks' pieces are not in it. So
+  /// `load` gives this rank's state as it saved it (its pieces with their ShardSpecs, every
+  /// replicated entry), and `load_into` fills destinations of this rank's pieces (the same
+  /// sharding; another needs the directory). Replicated entries are equal on every rank by
+  /// contract, so the hot restore gives what a restore from the directory gives.
   const Manifest& manifest() const;
   /// Whether the bytes are still in memory now (false for an empty handle).
   bool resident() const;

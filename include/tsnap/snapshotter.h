@@ -81,8 +81,10 @@ struct TSNAP_API SnapshotterOptions {
   /// previous one; a save that finds no free buffer evicts the hot image (and, if still
   /// starved, gives up keeping its own), so keeping never blocks a save for long. With the
   /// automatic budget the pool is sized for two snapshots (within the same cap), so the image
-  /// survives the next save. Not with `group` (Error(kUnsupported)): a rank's image
-  /// would hold only the files it wrote.
+  /// survives the next save. With `group`, each rank's image holds everything that rank
+  /// restores: its pieces and every replicated entry, including those other ranks write (staged
+  /// too, so the stall copies the whole replicated state on every rank, and hashed for the
+  /// image only); its `manifest()` is that rank's view (see HotSnapshot).
   bool keep_hot = false;
 };
 

@@ -57,8 +57,8 @@ SaveJob::SaveJob(Resources& res, plan::Plan plan, CommitPaths paths, nlohmann::j
   SaveStats& s = state_->stats;
   s.engine = res_.host->engine().name();
   s.direct = res_.host->direct();
-  s.files = plan_.files.size();
-  s.chunks = plan_.chunks.size();
+  s.files = plan_.written_files;
+  for (size_t f = 0; f < plan_.written_files; ++f) s.chunks += plan_.files[f].num_chunks();
   s.tensors = plan_.num_tensors;
   s.tensor_bytes = plan_.tensor_bytes;
   hashes_.resize(plan_.files.size());
@@ -79,14 +79,14 @@ void SaveJob::open_files() {
     detail::throw_sys_error(rc, "create temporary directory " + paths_.temporary);
   }
   const int flags = O_WRONLY | O_CREAT | O_EXCL | (res_.host->direct() ? O_DIRECT : 0);
-  for (const plan::PlannedFile& file : plan_.files) {
-    const std::string path = paths_.temporary + "/" + file.name;
+  for (size_t f = 0; f < plan_.written_files; ++f) {
+    const std::string path = paths_.temporary + "/" + plan_.files[f].name;
     const int fd = engine.open(path, flags, 0644);
     if (fd < 0) {
       for (int open_fd : fds_) engine.close(open_fd);
       fds_.clear();
       if (coordinator_) {
-        for (const plan::PlannedFile& f : plan_.files) ::unlink((paths_.temporary + "/" + f.name).c_str());
+        for (size_t g = 0; g < f; ++g) ::unlink((paths_.temporary + "/" + plan_.files[g].name).c_str());
       } else {
         remove_temporary(paths_.temporary);
       }
@@ -152,8 +152,14 @@ void SaveJob::stage_chunk(size_t index, const std::vector<stage::Sources>& sourc
     pool.release(buf);
     throw;  // tbb rethrows it on the staging thread, which fails the job
   }
-  progress_.staged(len);
   ++pending_;
+  if (ref.file >= plan_.written_files) {
+    auto self = shared_from_this();
+    boost::asio::post(*res_.blocking,
+                      [self, ref, buf, len] { self->keep_in_memory(ref, buf, len); });
+    return;
+  }
+  progress_.staged(len);
   if (base_files_[ref.file]) {
     // Hashed off the caller's stall, on the blocking pool, before deciding to write.
     auto self = shared_from_this();
@@ -175,6 +181,12 @@ void SaveJob::compare_and_submit(plan::ChunkRef ref, int buf, uint64_t len) {
   skipped_bytes_ += len;
   if (!hot_ || !hot_->keep(ref.file, ref.chunk, buf)) res_.pool->release(buf);
   progress_.done(len);
+  release_token();
+}
+
+void SaveJob::keep_in_memory(plan::ChunkRef ref, int buf, uint64_t len) {
+  hashes_[ref.file][ref.chunk] = format::hash64(res_.pool->data(buf), len);
+  if (!hot_ || !hot_->keep(ref.file, ref.chunk, buf)) res_.pool->release(buf);
   release_token();
 }
 
@@ -272,7 +284,7 @@ void SaveJob::finish() {
       std::string text = format::manifest_to_text(manifest());
       format::check_manifest_readable(text);
       manifest_bytes = commit_directory(engine, paths_, text, overwrite_, &leftover);
-      hot_commit(text);
+      hot_commit([&] { return format::parse_manifest(text, paths_.final); });
     } catch (...) {
       error = std::current_exception();
     }
@@ -332,17 +344,18 @@ void SaveJob::reuse_base_files() {
   }
 }
 
-// keep_hot: the image gets the manifest as a reader of the directory would, and is installed
-// before the handle completes. Best effort: the snapshot is committed whatever happens here.
-void SaveJob::hot_commit(const std::string& manifest_text) noexcept {
+// The image is installed before the handle completes. Alone, it gets the manifest as a reader
+// of the directory would; in a group, this rank's view (its files, its memory-only files, the
+// user's metadata), which holds every entry it restores.
+void SaveJob::hot_commit(const std::function<Manifest()>& manifest) noexcept {
   if (!hot_) return;
   try {
-    hot_->commit(format::parse_manifest(manifest_text, paths_.final));
+    hot_->commit(manifest());
   } catch (...) {
   }
 }
 
-Manifest SaveJob::manifest() const {
+Manifest SaveJob::manifest(bool memory) const {
   Manifest m;
   m.id = plan_.id;
   m.tsnap_version = TSNAP_VERSION_STRING;
@@ -354,7 +367,8 @@ Manifest SaveJob::manifest() const {
   m.world_size = coordinator_ ? coordinator_->world_size() : 1;
   const int rank = coordinator_ ? coordinator_->rank() : 0;
   m.metadata = metadata_;
-  for (size_t f = 0; f < plan_.files.size(); ++f) {
+  const size_t files = memory ? plan_.files.size() : plan_.written_files;
+  for (size_t f = 0; f < files; ++f) {
     const plan::PlannedFile& file = plan_.files[f];
     m.files.push_back({file.name, file.size, file.data_offset, file.chunk_bytes, hashes_[f], rank,
                        file.header_id == plan_.id ? std::string() : file.header_id,
@@ -410,7 +424,9 @@ std::exception_ptr SaveJob::coordinate(std::exception_ptr error, uint64_t* manif
       } catch (const Error&) {
         // Rank 0 then waits for this rank until its timeout; the outcome stands.
       }
-      return outcome.empty() ? nullptr : error_from_json(nlohmann::json::parse(outcome));
+      if (!outcome.empty()) return error_from_json(nlohmann::json::parse(outcome));
+      hot_commit([&] { return manifest(true); });
+      return nullptr;
     }
     nlohmann::json verdict;
     if (error) {
@@ -433,6 +449,7 @@ std::exception_ptr SaveJob::coordinate(std::exception_ptr error, uint64_t* manif
       error = std::current_exception();
     }
     c.decide(id, error ? error_json(error).dump() : std::string());
+    if (!error) hot_commit([&] { return manifest(true); });
     // Rank 0 may host the store: the others must read the verdict before it can end.
     const int readers = everyone_reported ? c.world_size() - 1 : c.reported_others(id);
     if (readers > 0) c.await_acknowledgements(id, readers);

@@ -52,8 +52,9 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
 
   const std::shared_ptr<detail::SaveState>& state() const { return state_; }
   /// keep_hot (before stage()): each written chunk's buffer goes to `image` instead of back to
-  /// the pool, and a successful commit installs it (stage/hot_image.h). Not for a distributed
-  /// save.
+  /// the pool, and a successful commit installs it (stage/hot_image.h). A distributed save's
+  /// image also takes the plan's memory-only files (plan::add_memory_files) and gets this
+  /// rank's view of the manifest: its files and those.
   void keep_hot(std::shared_ptr<stage::HotImage> image) { hot_ = std::move(image); }
 
  private:
@@ -71,8 +72,13 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   void fail(std::exception_ptr e);
   void release_token();
   void finish();
-  void hot_commit(const std::string& manifest_text) noexcept;
-  Manifest manifest() const;
+  // keep_hot: installs the image with `manifest` (as committed, or a rank's view). Best
+  // effort: the snapshot is committed whatever happens here.
+  void hot_commit(const std::function<Manifest()>& manifest) noexcept;
+  // Stages a memory-only chunk (into the hot image, hashed for its loads; never written).
+  void keep_in_memory(plan::ChunkRef ref, int buf, uint64_t len);
+  // This rank's manifest part: the written files, or with `memory` the memory-only ones too.
+  Manifest manifest(bool memory = false) const;
   std::exception_ptr coordinate(std::exception_ptr error, uint64_t* manifest_bytes,
                                 std::string* leftover);
 

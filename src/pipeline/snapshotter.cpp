@@ -84,11 +84,6 @@ Snapshotter::Impl::Impl(SnapshotterOptions options) {
                     std::to_string(format::kMaxChunkBytes) + ", not " +
                     std::to_string(o.chunk_bytes));
   }
-  if (o.keep_hot && o.group) {
-    throw_error(ErrorCode::kUnsupported,
-                "keep_hot is not supported with a group (distributed saves): a rank's hot image "
-                "would hold only the files it wrote; restore from the snapshot's directory");
-  }
   if (o.max_in_flight < 1) {
     throw_error(ErrorCode::kInvalidArgument, "max_in_flight must be >= 1");
   }
@@ -324,6 +319,12 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
   }
   plan::Plan plan = plan::make_plan(state, options, chunk, id,
                                     std::max(1, res.options.io_threads), ranks, layout);
+  // A rank's hot image holds every entry it restores: the replicated entries that other ranks
+  // write are staged too (the stall copies them), into files that stay in memory.
+  if (res.options.keep_hot && ranks.world_size > 1) {
+    plan::add_memory_files(plan, state, options, chunk, std::max(1, res.options.io_threads),
+                           ranks);
+  }
   ensure_pool(plan);
 
   admit(name, options.overwrite);

@@ -279,6 +279,20 @@ bool same_layout(const PlannedFile& file, const FileRecord& base,
   return true;
 }
 
+// Appends the chunks of files [first, end) to plan.chunks, interleaved across those files so
+// that every file is written concurrently.
+void add_chunks(Plan& plan, size_t first) {
+  uint64_t max_chunks = 0;
+  for (size_t f = first; f < plan.files.size(); ++f) {
+    max_chunks = std::max(max_chunks, plan.files[f].num_chunks());
+  }
+  for (uint64_t c = 0; c < max_chunks; ++c) {
+    for (size_t f = first; f < plan.files.size(); ++f) {
+      if (c < plan.files[f].num_chunks()) plan.chunks.push_back({static_cast<uint32_t>(f), c});
+    }
+  }
+}
+
 }  // namespace
 
 at::ScalarType stored_dtype(const std::string& key, const StateEntry& entry,
@@ -372,15 +386,30 @@ Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chun
     plan.files.push_back(std::move(file));
   }
 
-  // Interleave chunks across files so that every file is written concurrently.
-  uint64_t max_chunks = 0;
-  for (const PlannedFile& file : plan.files) max_chunks = std::max(max_chunks, file.num_chunks());
-  for (uint64_t c = 0; c < max_chunks; ++c) {
-    for (uint32_t f = 0; f < plan.files.size(); ++f) {
-      if (c < plan.files[f].num_chunks()) plan.chunks.push_back({f, c});
-    }
-  }
+  plan.written_files = plan.files.size();
+  add_chunks(plan, 0);
   return plan;
+}
+
+void add_memory_files(Plan& plan, const StateDict& state, const SaveOptions& options,
+                      uint64_t chunk_bytes, int max_auto_shards, RankOf ranks) {
+  std::set<std::string> written;
+  for (size_t f = 0; f < plan.written_files; ++f) {
+    for (const PlannedTensor& t : plan.files[f].tensors) written.insert(t.name);
+  }
+  StateDict others;
+  for (const auto& [key, entry] : state) {
+    if (!entry.shard && written.count(key) == 0) others.insert(key, entry.tensor, entry.dtype);
+  }
+  if (others.size() == 0) return;
+  Plan memory = make_plan(others, options, chunk_bytes, plan.id, max_auto_shards);
+  const size_t first = plan.files.size();
+  for (size_t i = 0; i < memory.files.size(); ++i) {
+    PlannedFile& file = memory.files[i];
+    file.name = "memory-r" + std::to_string(ranks.rank) + "-" + std::to_string(i) + ".safetensors";
+    plan.files.push_back(std::move(file));
+  }
+  add_chunks(plan, first);
 }
 
 }  // namespace tsnap::plan

@@ -101,6 +101,10 @@ struct Plan {
   /// files of the same name there).
   std::string base_dir;
   std::string base_name;
+  /// Files [0, written_files) are written; the rest are staged for the hot image only (see
+  /// add_memory_files). Their chunks follow the written files' chunks and are not counted in
+  /// total_bytes, tensor_bytes or num_tensors.
+  size_t written_files = 0;
 };
 
 /// The dtype `entry` is stored as under `options` (integer/bool tensors never convert).
@@ -119,5 +123,13 @@ at::ScalarType stored_dtype(const std::string& key, const StateEntry& entry,
 Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chunk_bytes,
                const std::string& id, int max_auto_shards, RankOf ranks = {},
                const Layout& layout = {});
+
+/// Distributed saves with a hot image (SnapshotterOptions::keep_hot): appends to `plan` (this
+/// rank's) files that hold the replicated entries of `state` that other ranks write, staged into
+/// the image but never written, so that the image holds every entry this rank restores. They
+/// are named `memory-r<rank>-<i>.safetensors` (never on disk) and laid out like a single
+/// process's files of those entries.
+void add_memory_files(Plan& plan, const StateDict& state, const SaveOptions& options,
+                      uint64_t chunk_bytes, int max_auto_shards, RankOf ranks);
 
 }  // namespace tsnap::plan

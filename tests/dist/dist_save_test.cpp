@@ -29,6 +29,7 @@
 #include "tsnap/checkpoint.h"
 #include "tsnap/dist_group.h"
 #include "tsnap/error.h"
+#include "tsnap/hot_snapshot.h"
 #include "tsnap/load.h"
 #include "tsnap/manifest.h"
 #include "tsnap/periodic_snapshots.h"
@@ -189,6 +190,58 @@ void run_rank() {
     if (text.empty()) {
       snap.drain_wait();
       text = "ok " + std::to_string(snap.drain_stats().drained);
+    }
+    report(out, text);
+  } else if (scenario == "hot") {
+    // keep_hot across ranks (incremental too): each rank's image holds its pieces and every
+    // replicated entry, those other ranks wrote included.
+    o.keep_hot = true;
+    o.incremental = true;
+    Snapshotter snap(o);
+    std::string text;
+    for (int step = 1; step <= 2 && text.empty(); ++step) {
+      SaveHandle h = snap.save_async("s" + std::to_string(step),
+                                     incremental_state(rank, world, step));
+      const std::string outcome = outcome_of(h);
+      if (outcome != "ok") text = outcome;
+    }
+    if (text.empty()) {
+      const StateDict want = incremental_state(rank, world, 2);
+      auto zeros = [&] {
+        StateDict sd;
+        for (const auto& [key, e] : want) sd.insert(key, at::zeros_like(e.tensor), {}, e.shard);
+        return sd;
+      };
+      StateDict from_memory = zeros(), from_disk = zeros();
+      try {
+        const HotSnapshot hot = snap.hot_snapshot();
+        load_into(hot, from_memory);
+        load_into(root / "s2", from_disk);
+        bool same = hot.name() == "s2";
+        for (const auto& [key, e] : want) {
+          same = same && bitwise_equal(from_memory.at(key), e.tensor) &&
+                 bitwise_equal(from_disk.at(key), e.tensor);
+        }
+        size_t memory_files = 0;
+        for (const FileRecord& f : hot.manifest().files) {
+          if (f.name.rfind("memory-r" + std::to_string(rank) + "-", 0) != 0) continue;
+          ++memory_files;
+          if (fs::exists(root / "s2" / f.name)) same = false;
+        }
+        // load gives this rank's state as it saved it: its pieces (with their ShardSpecs)
+        // and every replicated entry.
+        const StateDict mine = load(hot);
+        bool as_saved = mine.size() == want.size();
+        for (const auto& [key, e] : want) {
+          as_saved = as_saved && mine.contains(key) && bitwise_equal(mine.at(key), e.tensor) &&
+                     mine.entry(key).shard == e.shard;
+        }
+        text = std::string(same ? "ok" : "DIFFERENT") + " memory-files " +
+               (memory_files > 0 ? "some" : "none") + " load " +
+               (as_saved ? "as-saved" : "DIFFERENT");
+      } catch (const Error& e) {
+        text = "error " + std::to_string(static_cast<int>(e.code())) + " " + e.what();
+      }
     }
     report(out, text);
   } else if (scenario == "killed") {
@@ -447,6 +500,20 @@ TEST(DistSave, DurableTierIsDrainedByRankZero) {
     if (!f.reused_from.empty() && st.st_nlink >= 2) ++linked;
   }
   EXPECT_GT(linked, 0);
+}
+
+// Hot restore with a group: every rank rolls back from memory alone, bit for bit what the
+// directory gives, and the replicated entries other ranks wrote come from its own staging.
+TEST(DistSave, HotSnapshotOnEveryRankHoldsAllItRestores) {
+  TempDir dir;
+  const Ranks ranks = run_ranks("hot", 2, dir.path(), 20000);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ranks.texts[r], "ok memory-files some load as-saved") << "rank " << r;
+  }
+  EXPECT_TRUE(verify(dir / "root" / "s2").empty());
+  for (const auto& e : fs::directory_iterator(dir / "root" / "s2")) {
+    EXPECT_NE(e.path().filename().string().rfind("memory-", 0), 0u) << e.path();
+  }
 }
 
 TEST(DistSave, KilledRankFailsTheSaveOnEveryRankWithinTheTimeout) {

@@ -93,14 +93,17 @@ TEST(HotSnapshot, NoneWithoutKeepHot) {
   EXPECT_EQ(code_of([&] { (void)none.manifest(); }), ErrorCode::kInvalidArgument);
 }
 
-// A rank's image would hold only its own files: refused at construction, not silently partial.
-TEST(HotSnapshot, RefusedWithADistributedGroup) {
+// With a group (here of one process) keep_hot works; tests/dist covers several ranks.
+TEST(HotSnapshot, WorksWithADistributedGroup) {
   TempDir dir;
   auto group = std::make_shared<DistGroup>(c10::make_intrusive<c10d::HashStore>(), 0, 1);
-  EXPECT_EQ(code_of([&] { Snapshotter({.root = dir.path(), .group = group, .keep_hot = true}); }),
-            ErrorCode::kUnsupported);
-  Snapshotter without({.root = dir.path(), .group = group});  // fine without keep_hot
-  EXPECT_FALSE(without.hot_snapshot());
+  Snapshotter snap({.root = dir.path(), .chunk_bytes = kChunk, .group = group, .keep_hot = true});
+  const StateDict sd = floats(3, 5000, 4);
+  snap.save_async("a", sd).wait();
+  const HotSnapshot hot = snap.hot_snapshot();
+  ASSERT_TRUE(hot);
+  const StateDict back = load(hot);
+  for (const auto& [key, e] : sd) EXPECT_TRUE(bitwise_equal(back.at(key), e.tensor)) << key;
 }
 
 TEST(HotSnapshot, NoneBeforeTheFirstCommit) {
