@@ -111,6 +111,7 @@ struct PeriodicSnapshots::Impl {
   std::map<int, bool> chained;               // whether `previous` is a handler to call
   std::thread thread;
   asio::thread_pool completions{1};  // on_completed, in completion order
+  std::mutex post_mu;                // held while a completion is posted to `completions`
 
   std::atomic<bool> time_due{false};
   std::atomic<uint64_t> timer_epoch{0};  // a timer armed before the latest restart never fires
@@ -229,6 +230,7 @@ PeriodicSnapshots::Impl::~Impl() {
   if (drain_listener >= 0) snapshotter.remove_drain_listener(drain_listener);
   if (current.valid()) wait_quietly(current);
   wait_processed();
+  { std::lock_guard<std::mutex> lock(post_mu); }  // every post() has returned
   completions.join();
   asio::post(io, [this] {
     timer.cancel();
@@ -370,6 +372,9 @@ void PeriodicSnapshots::Impl::start_save(int64_t step, SnapshotReason reason,
   last_began = began;
   last_blocked_s = record.blocked_s;
   handle.on_complete([this, record, handle](std::exception_ptr error) {
+    // Under post_mu until post() has returned (it signals the pool's thread after queuing):
+    // the destructor takes post_mu before it destroys the pool.
+    std::lock_guard<std::mutex> lock(post_mu);
     asio::post(completions,
                [this, record, handle, error] { on_completed(record, handle, error); });
   });
