@@ -312,9 +312,11 @@ void PeriodicSnapshots::Impl::restart_timer() {
 void PeriodicSnapshots::Impl::wait_for_signal() {
   signals.async_wait([this](const boost::system::error_code& ec, int sig) {
     if (ec) return;  // cancelled: the hook is shutting down
+    // The previous handler first: by the time the training thread acts on the signal (and
+    // may stop), it has run.
+    chain(sig);
     int none = 0;
     signal_pending.compare_exchange_strong(none, sig);
-    chain(sig);
     wait_for_signal();
   });
 }
