@@ -129,7 +129,7 @@ void add_budget_option(CLI::App& app, BenchOptions& o, const std::string& help, 
 }
 
 void add_pipeline_options(CLI::App& app, BenchOptions& o) {
-  app.add_option("--threads", o.threads, "Staging threads (0 = half the cores)")
+  app.add_option("--threads", o.threads, "Staging threads (0 = every core eager, half lazy)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
   add_chunk_option(app, o);

@@ -34,7 +34,10 @@ struct TSNAP_API SnapshotterOptions {
   /// for buffers that writes give back (SaveStats::buffer_waits, and the periodic log line).
   uint64_t staging_budget_bytes = 0;
   uint64_t chunk_bytes = 16ull << 20;  ///< Default chunk size (multiple of 4096).
-  int stage_threads = 0;      ///< TBB arena size for copy/convert/hash; 0 = half the cores (>= 1).
+  /// TBB arena size for copy/convert/hash. 0: every core for eager staging (the caller waits
+  /// for it: the copy is the stall) and half of them (>= 1) for lazy staging (which overlaps
+  /// the training).
+  int stage_threads = 0;
   int io_threads = 4;         ///< Threads of the pwrite engine (and for fsyncs).
   unsigned queue_depth = 32;  ///< io_uring submission queue depth.
   EngineKind engine = EngineKind::kAuto;
@@ -121,7 +124,7 @@ struct TSNAP_API DrainStats {
 /// have everything durable.
 class TSNAP_API Snapshotter {
  public:
-  /// Allocates and pre-faults the staging pool and starts the io thread.
+  /// Starts the io thread; with a fixed budget, maps the staging pool (faulted in later, off the caller).
   /// Errors: InvalidArgument for bad options; IoError if the root cannot be created.
   explicit Snapshotter(SnapshotterOptions options);
   ~Snapshotter();

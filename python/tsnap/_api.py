@@ -85,9 +85,9 @@ class Snapshotter:
     waits for every save in flight to commit or fail.
 
     Arguments mirror ``tsnap::SnapshotterOptions``: ``chunk_bytes`` (multiple of 4096),
-    ``stage_threads`` (0 = half the cores), ``io_threads``, ``queue_depth``, ``engine``
-    ('auto', 'io_uring', 'pwrite'), ``direct_io``, ``max_in_flight`` (saves writing at once),
-    ``when_busy`` ('wait': a save beyond max_in_flight waits; 'fail': raises tsnap.Error busy),
+    ``stage_threads`` (0 = every core for eager staging, half for lazy), ``io_threads``,
+    ``queue_depth``, ``engine`` ('auto', 'io_uring', 'pwrite'), ``direct_io``,
+    ``max_in_flight`` (saves writing at once), ``when_busy`` ('wait': a save beyond max_in_flight waits; 'fail': raises tsnap.Error busy),
     ``incremental`` (write only the chunks that differ from the previous snapshot; unchanged
     shard files become hard links), ``keep_hot`` (keep the last snapshot's bytes in memory for
     ``load_hot()``), ``durable_root`` (a second, slower directory that a background drain copies

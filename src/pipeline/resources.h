@@ -17,7 +17,8 @@ struct Resources {
   SnapshotterOptions options;
   std::unique_ptr<io::EngineHost> host;  // host_for_save's choice
   std::unique_ptr<stage::StagingPool> pool;
-  std::unique_ptr<tbb::task_arena> arena;
+  std::unique_ptr<tbb::task_arena> arena;       // eager staging (the caller waits for it)
+  std::unique_ptr<tbb::task_arena> lazy_arena;  // lazy staging (overlaps the training)
   std::unique_ptr<boost::asio::thread_pool> blocking;
 };
 

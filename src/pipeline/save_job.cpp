@@ -104,7 +104,7 @@ void SaveJob::open_files() {
   }
 }
 
-void SaveJob::stage() {
+void SaveJob::stage(bool lazy) {
   const Clock::time_point t0 = Clock::now();
   std::exception_ptr stage_error;
   try {
@@ -113,7 +113,7 @@ void SaveJob::stage() {
     for (const plan::PlannedFile& file : plan_.files) {
       sources.push_back(stage::prepare_sources(file));
     }
-    res_.arena->execute([&] {
+    (lazy ? res_.lazy_arena : res_.arena)->execute([&] {
       tbb::parallel_for(size_t{0}, plan_.chunks.size(), [&](size_t i) {
         if (!failed_) stage_chunk(i, sources);
       });

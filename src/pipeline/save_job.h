@@ -48,7 +48,7 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   /// left behind).
   void open_files();
   /// Stages every chunk and submits its write; never throws (errors complete the handle).
-  void stage();
+  void stage(bool lazy = false);  // lazy: on the lazy arena (Resources)
 
   const std::shared_ptr<detail::SaveState>& state() const { return state_; }
   /// keep_hot (before stage()): each written chunk's buffer goes to `image` instead of back to

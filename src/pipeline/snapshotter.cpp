@@ -97,8 +97,11 @@ Snapshotter::Impl::Impl(SnapshotterOptions options) {
   root_lock.emplace(o.root);  // removes stale temporaries when no other writer is alive
 
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int threads = o.stage_threads > 0 ? o.stage_threads : std::max(1, cores / 2);
-  res.arena = std::make_unique<tbb::task_arena>(threads);
+  // Eager staging has every core: the caller waits for it, and the copy is its stall. Lazy
+  // staging runs while the training does, on half of them.
+  res.arena = std::make_unique<tbb::task_arena>(o.stage_threads > 0 ? o.stage_threads : cores);
+  res.lazy_arena = std::make_unique<tbb::task_arena>(
+      o.stage_threads > 0 ? o.stage_threads : std::max(1, cores / 2));
   const size_t blocking_threads = static_cast<size_t>(o.max_in_flight) + 1;
   res.blocking = std::make_unique<boost::asio::thread_pool>(blocking_threads);
   if (o.background_priority) io::make_background_pool(*res.blocking, blocking_threads);
@@ -147,7 +150,18 @@ void Snapshotter::Impl::make_pool(uint64_t budget) {
   for (size_t i = 0; i < res.pool->count(); ++i) {
     iovs.push_back({res.pool->data(static_cast<int>(i)), res.pool->buffer_bytes()});
   }
-  res.host->engine().register_buffers(iovs);
+  // The pool faults itself in on a background thread (staging_pool.h), then registers its
+  // buffers with io_uring (which pins them, and would fault them in here otherwise); writes
+  // made before that are plain writes from the same buffers. ~Impl stops it before the host
+  // goes.
+  io::Engine& engine = res.host->engine();
+  res.pool->fault_in_background(o.background_priority, [&engine, iovs = std::move(iovs)] {
+    try {
+      engine.register_buffers(iovs);
+    } catch (...) {
+      // advisory: writes stay plain writes
+    }
+  });
   if (o.keep_hot) {
     hot = std::make_unique<stage::HotImages>(*res.pool);
     res.pool->set_reclaim([images = hot.get()] { images->reclaim(); });
@@ -204,6 +218,7 @@ Snapshotter::Impl::~Impl() {
   res.blocking->join();
   // Waits for the hot loads still running (their buffers are the pool's).
   hot.reset();
+  if (res.pool) res.pool->stop_background();  // its last step registers buffers with the host
   res.host.reset();  // after every save: closes the ring, then joins the io thread
 }
 
@@ -349,7 +364,7 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
     last_committed = name;
   });
   if (options.staging == Staging::kLazy) {
-    boost::asio::post(*res.blocking, [job] { job->stage(); });
+    boost::asio::post(*res.blocking, [job] { job->stage(/*lazy=*/true); });
   } else {
     job->stage();
   }

@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "io/thread_priority.h"
 #include "tsnap/error.h"
 
 namespace tsnap::stage {
@@ -23,25 +24,65 @@ StagingPool::StagingPool(size_t count, size_t buffer_bytes, bool pinned)
     base = static_cast<uint8_t*>(dp->get());
     pinned_ctx_ = dp;
     pinned_ = true;
-    // Pre-fault every page now, so that no save pays for page faults (slow on this VM).
-    std::memset(base, 0, total);
   } else {
-    // Huge pages where the kernel offers them (fewer TLB misses while staging), faulted in
-    // in-kernel on every core at once (common/anon_memory.h): 0.2-0.7 s for 1.5 GB here,
-    // against 1-3 s for the memset on one thread that this replaced.
+    // Huge pages where the kernel offers them (fewer TLB misses while staging); faulted in
+    // buffer by buffer (the header), in-kernel: a huge-page region must be populated before
+    // the kernel copies into it (common/anon_memory.h).
     memory_ = std::make_unique<detail::AnonMemory>(total, /*huge=*/true, "staging pool");
     base = memory_->data();
-    detail::populate_in_parallel(base, total);
   }
   for (size_t i = 0; i < count; ++i) {
     buffers_.push_back(base + i * buffer_bytes);
     free_.push_back(static_cast<int>(count - 1 - i));
   }
   used_.assign(count, false);
+  pages_.assign(count, Pages::kFresh);
 }
 
 StagingPool::~StagingPool() {
+  stop_background();
   if (pinned_ctx_ != nullptr) delete static_cast<at::DataPtr*>(pinned_ctx_);
+}
+
+void StagingPool::fault_in(int index, std::unique_lock<std::mutex>& lock) {
+  while (pages_[index] == Pages::kFaulting) faulted_cv_.wait(lock);
+  if (pages_[index] == Pages::kReady) return;
+  pages_[index] = Pages::kFaulting;
+  lock.unlock();
+  detail::populate(buffers_[index], buffer_bytes_);
+  lock.lock();
+  pages_[index] = Pages::kReady;
+  faulted_cv_.notify_all();
+}
+
+void StagingPool::fault_in_background(bool background_priority, std::function<void()> done) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (faulter_.joinable() || stop_) return;
+  faulter_ = std::thread([this, background_priority, done = std::move(done)] {
+    if (background_priority) io::make_background_thread();
+    // Buffers are handed out from the back of free_: fault in from its front, so that the
+    // saves' acquire() calls and this thread meet in the middle.
+    std::unique_lock<std::mutex> lock(mu_);
+    const std::vector<int> order(free_.begin(), free_.end());
+    for (int index : order) {
+      if (stop_) return;
+      if (pages_[index] == Pages::kFresh) fault_in(index, lock);
+    }
+    for (size_t i = 0; i < pages_.size(); ++i) {  // and any a save's first use still faults
+      if (stop_) return;
+      fault_in(static_cast<int>(i), lock);
+    }
+    lock.unlock();
+    if (done) done();
+  });
+}
+
+void StagingPool::stop_background() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  if (faulter_.joinable() && faulter_.get_id() != std::this_thread::get_id()) faulter_.join();
 }
 
 int StagingPool::acquire(bool* waited) {
@@ -62,6 +103,7 @@ int StagingPool::acquire(bool* waited) {
   }
   const int i = free_.back();
   free_.pop_back();
+  fault_in(i, lock);
   return i;
 }
 

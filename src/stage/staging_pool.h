@@ -1,7 +1,14 @@
 #pragma once
-// A fixed set of aligned, pre-faulted staging buffers, allocated once and reused by every save
+// A fixed set of aligned staging buffers, allocated once and reused by every save
 // (docs/architecture.md, "Memory"). Pinned host memory when LibTorch has CUDA. acquire() blocks
 // while all buffers are in use: that is the backpressure that bounds a save's memory to the budget.
+//
+// Faulting in: making the pool maps its memory and returns (microseconds). Each buffer's pages
+// are faulted in once, before its first use, by whichever comes first: a background thread
+// (fault_in_background(), in the reverse of the order acquire() hands buffers out), or the
+// acquire() that first hands it out (in-kernel, on that caller). So neither the pool's creation
+// nor the first save pays for faulting in the whole pool (1.5 GB: 0.7-3 s on the 2-core VM).
+//
 // Thread-safety: all methods are thread-safe. Ownership: owns the memory; buffers handed out
 // stay valid until the pool is destroyed, which must happen after every buffer is released.
 
@@ -12,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "common/anon_memory.h"
@@ -27,8 +35,18 @@ class StagingPool {
   StagingPool(const StagingPool&) = delete;
   StagingPool& operator=(const StagingPool&) = delete;
 
-  /// A free buffer's index; blocks until one is free. `waited` is set when it had to wait.
+  /// A free buffer's index, its pages faulted in; blocks until one is free. `waited` is set
+  /// when it had to wait for a release.
   int acquire(bool* waited = nullptr);
+  /// Starts the background thread that faults in the buffers no acquire() has yet (at a lower
+  /// CPU and I/O priority when `background_priority`), then calls `done` on that thread (e.g.
+  /// to register the buffers with io_uring, which pins their pages). `done` must not throw;
+  /// it does not run when stop_background() came first. At most once per pool.
+  void fault_in_background(bool background_priority, std::function<void()> done);
+  /// Stops and joins the background thread (a no-op without one); `done` is not running and
+  /// will not run once this returns. The destructor calls it; call it earlier when `done` uses
+  /// something that dies before the pool.
+  void stop_background();
   /// Returns a buffer to the pool.
   void release(int index);
   /// Sets what acquire() calls (without the pool's lock) when no buffer is free, before it
@@ -47,10 +65,18 @@ class StagingPool {
   size_t in_use() const;
 
  private:
+  enum class Pages : uint8_t { kFresh, kFaulting, kReady };
+  // Faults in buffer `index` unless someone has; `lock` holds mu_ (released while faulting).
+  void fault_in(int index, std::unique_lock<std::mutex>& lock);
+
   size_t buffer_bytes_;
   bool pinned_ = false;
   std::vector<uint8_t*> buffers_;
   std::vector<bool> used_;
+  std::vector<Pages> pages_;
+  std::condition_variable faulted_cv_;  // a buffer became kReady
+  bool stop_ = false;
+  std::thread faulter_;
   std::vector<int> free_;
   void* pinned_ctx_ = nullptr;                  // at::DataPtr owner for pinned memory
   std::unique_ptr<detail::AnonMemory> memory_;  // the buffers when not pinned

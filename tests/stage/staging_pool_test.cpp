@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <set>
 #include <thread>
 
@@ -54,6 +55,39 @@ TEST(StagingPool, AcquireWaitsForARelease) {
   waiter.join();
   EXPECT_TRUE(got.load());
   EXPECT_TRUE(waited);
+}
+
+TEST(StagingPool, FaultsInInTheBackgroundThenCallsDoneAndKeepsContents) {
+  StagingPool pool(8, 1 << 20, /*pinned=*/false);
+  std::promise<void> done;
+  // An acquire right away races the background thread for a buffer: whoever comes first
+  // faults it in, and the other waits or skips it.
+  pool.fault_in_background(/*background_priority=*/true, [&] { done.set_value(); });
+  const int b = pool.acquire();
+  std::memset(pool.data(b), 0xab, pool.buffer_bytes());
+  ASSERT_EQ(done.get_future().wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_EQ(pool.data(b)[pool.buffer_bytes() - 1], 0xab);  // faulting in keeps what was written
+  pool.release(b);
+  for (size_t i = 0; i < pool.count(); ++i) {
+    const int c = pool.acquire();
+    if (c != b) EXPECT_EQ(pool.data(c)[4096 * 3], 0) << c;  // fresh anonymous memory
+  }
+}
+
+TEST(StagingPool, StoppedBackgroundThreadNeverCallsDoneAfterwards) {
+  StagingPool pool(64, 1 << 20, /*pinned=*/false);
+  std::atomic<int> calls{0};
+  pool.fault_in_background(false, [&] { ++calls; });
+  pool.stop_background();
+  const int seen = calls.load();
+  EXPECT_LE(seen, 1);
+  pool.fault_in_background(false, [&] { ++calls; });  // a stopped pool starts nothing again
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(calls.load(), seen);
+  // Buffers the thread did not reach are faulted in by their first acquire().
+  const int b = pool.acquire();
+  std::memset(pool.data(b), 1, pool.buffer_bytes());
+  pool.release(b);
 }
 
 TEST(FillChunk, ChunksReassembleTheHeaderAndTheConvertedTensors) {
