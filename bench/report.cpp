@@ -93,6 +93,8 @@ const std::vector<Ratio>& ratios() {
        "tsnap_load_warm", false},
       {"construct_vs_memset", "Snapshotter make / former memset", "construct", "first_touch",
        false},
+      {"first_vs_stall", "first save's stall / later saves' stall", "first_stall", "tsnap_stall",
+       false},
   };
   return list;
 }

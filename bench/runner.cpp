@@ -64,6 +64,7 @@ std::vector<Measure> measures(const PointSpec& spec, const StateDict& state, boo
               {"tsnap_load_warm" + key, "tsnap::load (warm: files cached)" + label, {}, 0}});
   }
   m.insert(m.end(), {{"construct", "Snapshotter construction (pool)", {}, 0},
+                     {"first_stall", "first save's stall, right after it", {}, 0},
                      {"first_touch", "  memset 1 thread, huge pages (former)", {}, 0},
                      {"torch_save", "torch::save + fsync", {}, in_bytes},
                      {"torch_load", "torch::load (cold: file evicted)", {}, in_bytes},
@@ -83,6 +84,18 @@ PointResult SaveRunner::run(const PointSpec& spec, size_t index) {
   const auto t_make = Clock::now();
   Snapshotter snap(so);
   const double make_s = since(t_make);
+  // The first save at once: what it pays of faulting in the pool, whose background thread has
+  // just started (stage/staging_pool.h), against the later saves' stall.
+  double first_stall = 0;
+  {
+    SaveOptions save;
+    save.dtype = spec.dtypes.front();
+    SaveHandle h = snap.save_async("first-" + std::to_string(index), state_,
+                                   nlohmann::json::object(), save);
+    h.wait();
+    first_stall = h.stats().stall_s;
+    detail::remove_tree(h.path().string());
+  }
   const double pool_baseline = memset_first_touch(so.staging_budget_bytes);
   r.rss_after_pool_kib = rss_kib();
   r.engine = snap.engine_name();
@@ -97,6 +110,7 @@ PointResult SaveRunner::run(const PointSpec& spec, size_t index) {
   r.m = measures(spec, state_, direct);
   r.get("construct").s.add(make_s);
   r.get("construct").bytes = static_cast<double>(so.staging_budget_bytes);
+  r.get("first_stall").s.add(first_stall);
   r.get("first_touch").s.add(pool_baseline);
   r.get("first_touch").bytes = static_cast<double>(so.staging_budget_bytes);
   const uint64_t in_bytes = output_bytes(state_, std::nullopt);

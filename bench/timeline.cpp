@@ -98,18 +98,12 @@ Timeline run_timeline(const BenchOptions& o, StateDict& state, const fs::path& w
   }
   tl.passes = sim.passes();
 
-  for (int i = 0; i < o.steps; ++i) {
-    if (i % 10 == 0) {
-      progress.show("timeline: without snapshots, step " + std::to_string(i + 1) + "/" +
-                    std::to_string(o.steps));
-    }
-    const auto t0 = Clock::now();
-    sim.compute();
-    sim.optimizer_step();
-    tl.steps[static_cast<size_t>(i)].without_s = since(t0);
-  }
-
-  for (int i = 0; i < 2; ++i) {  // the same warm-up before each run
+  // The two runs interleave in blocks of --every steps, so that drift of the machine's speed
+  // (other processes, the host) hits both alike: a block without snapshots, then the same
+  // steps with a snapshot at the end of the block's first step, whose write overlaps the rest
+  // of the block. Between blocks (untimed) the save is waited for and the snapshot before it
+  // removed, so no write spills into the next block without snapshots.
+  for (int i = 0; i < 2; ++i) {  // warm-up
     sim.compute();
     sim.optimizer_step();
   }
@@ -119,74 +113,60 @@ Timeline run_timeline(const BenchOptions& o, StateDict& state, const fs::path& w
   save.overwrite = true;
   std::vector<SaveHandle> handles;  // one per tl.saves entry
   SaveHandle current;               // the newest save
-  SaveHandle previous;              // the one before: removed once `current` commits
-  SaveHandle stale;                 // one older still there when a save starts
-  bool staged = true;               // lazy: whether `current` was waited staged
-  auto retire = [&]() {  // keep only the newest committed snapshot (outside the timed steps)
-    if (previous.valid() && current.done()) {
-      previous.wait();
-      detail::remove_tree(previous.path().string());
-      previous = SaveHandle();
+  SaveHandle previous;              // the one before, removed once `current` commits
+  for (int begin = 0; begin < o.steps; begin += o.every) {
+    const int end = std::min(o.steps, begin + o.every);
+    progress.show("timeline: steps " + std::to_string(begin + 1) + "-" + std::to_string(end) +
+                  "/" + std::to_string(o.steps) + " without, then with a snapshot");
+    for (int i = begin; i < end; ++i) {
+      const auto t0 = Clock::now();
+      sim.compute();
+      sim.optimizer_step();
+      tl.steps[static_cast<size_t>(i)].without_s = since(t0);
     }
-  };
-  for (int i = 0; i < o.steps; ++i) {
-    if (i % 10 == 0) {
-      progress.show("timeline: with snapshots every " + std::to_string(o.every) + ", step " +
-                    std::to_string(i + 1) + "/" + std::to_string(o.steps));
+    bool staged = true;  // lazy: whether `current` was waited staged
+    for (int i = begin; i < end; ++i) {
+      StepRecord& rec = tl.steps[static_cast<size_t>(i)];
+      const auto t0 = Clock::now();
+      sim.compute();
+      if (!staged) {  // lazy: the tensors are about to change
+        const auto ts = Clock::now();
+        current.wait_staged();
+        const double s = since(ts);
+        rec.stall_s += s;
+        tl.saves.back().stall_s += s;
+        staged = true;
+      }
+      sim.optimizer_step();
+      if (i == begin) {
+        const std::string name = "step-" + std::to_string(i + 1);
+        const auto ts = Clock::now();
+        current = snap.save_async(name, state, nlohmann::json{{"step", i + 1}}, save);
+        const double s = since(ts);
+        rec.stall_s += s;
+        rec.snapshot = true;
+        handles.push_back(current);
+        staged = !o.lazy;
+        tl.saves.push_back({name, i + 1, s, 0, 0});
+      }
+      rec.with_s = since(t0);
+      rec.in_flight = !current.done();
     }
-    StepRecord& rec = tl.steps[static_cast<size_t>(i)];
-    const auto t0 = Clock::now();
-    sim.compute();
-    if (!staged) {  // lazy: the tensors are about to change
+    if (!staged) {  // a one-step block: its staging after the step (counted in its stall)
       const auto ts = Clock::now();
       current.wait_staged();
-      const double s = since(ts);
-      rec.stall_s += s;
-      tl.saves.back().stall_s += s;
-      staged = true;
+      tl.saves.back().stall_s += since(ts);
     }
-    sim.optimizer_step();
-    if ((i + 1) % o.every == 0) {
-      const std::string name = "step-" + std::to_string(i + 1);
-      const auto ts = Clock::now();
-      SaveHandle h = snap.save_async(name, state, nlohmann::json{{"step", i + 1}}, save);
-      const double s = since(ts);
-      rec.stall_s += s;
-      rec.snapshot = true;
-      if (current.valid()) {
-        if (previous.valid()) stale = previous;  // removed after the step's time is taken
-        previous = current;
-      }
-      current = h;
-      handles.push_back(h);
-      staged = !o.lazy;
-      tl.saves.push_back({name, i + 1, s, 0, 0});
-    }
-    rec.with_s = since(t0);
-    rec.in_flight = current.valid() && !current.done();
-    if (stale.valid()) {
-      stale.wait();
-      detail::remove_tree(stale.path().string());
-      stale = SaveHandle();
-    }
-    retire();
+    current.wait();
+    if (previous.valid()) detail::remove_tree(previous.path().string());
+    previous = current;
   }
-  if (!staged) {  // the last save's staging, after the last step (counted in its stall)
-    const auto ts = Clock::now();
-    current.wait_staged();
-    tl.saves.back().stall_s += since(ts);
-  }
-  if (current.valid()) current.wait();
-  retire();
   for (size_t k = 0; k < handles.size(); ++k) {
-    handles[k].wait();
     const SaveStats st = handles[k].stats();
     tl.saves[k].durable_s = st.total_s;
     tl.saves[k].bytes = st.bytes;
   }
-  if (current.valid()) {
-    detail::remove_tree(current.path().string());
-  }
+  if (previous.valid()) detail::remove_tree(previous.path().string());
   return tl;
 }
 

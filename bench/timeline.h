@@ -1,7 +1,8 @@
 #pragma once
 // The training-loop timeline of `tsnap bench --timeline`: a simulated training loop on the
-// workload state, run twice (without snapshots, then with save_async every --every steps),
-// recording each step's wall time and the stall of the snapshot steps. A step is "compute"
+// workload state, run twice in interleaved blocks of --every steps (each block without
+// snapshots, then again with a save_async after its first step), recording each step's wall
+// time and the stall of the snapshot steps. A step is "compute"
 // (in-place mul_/add_ passes over scratch copies of some of the state's tensors, standing for
 // forward/backward and the gradients: the state itself is left alone, so a lazy save may stage
 // while it runs) and then an "optimizer step" that changes every floating tensor of the state in
