@@ -223,7 +223,8 @@ void print_timeline_table(const BenchOptions& o, const StateInfo& state, const T
   saves.print(std::cout);
   std::cout << "\nmean step time: " << ms(tl.mean(false)) << " ms without snapshots, "
             << ms(tl.mean(true)) << " ms with (overhead " << fixed(tl.overhead_pct(), 2)
-            << "%); max stall " << fixed(tl.max_stall() * 1e3, 2) << " ms\n";
+            << "%; median over blocks of " << tl.every << " steps "
+            << fixed(tl.block_overhead_median_pct(), 2) << "%); max stall " << fixed(tl.max_stall() * 1e3, 2) << " ms\n";
 }
 
 void print_timeline_json(const BenchOptions& o, const StateInfo& state, const Timeline& tl) {
@@ -257,6 +258,7 @@ void print_timeline_json(const BenchOptions& o, const StateInfo& state, const Ti
   j["summary"] = {{"mean_step_without_s", tl.mean(false)},
                   {"mean_step_with_s", tl.mean(true)},
                   {"overhead_pct", tl.overhead_pct()},
+                  {"block_overhead_median_pct", tl.block_overhead_median_pct()},
                   {"max_stall_s", tl.max_stall()}};
   std::cout << j.dump(2) << '\n';
 }

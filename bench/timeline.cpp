@@ -76,12 +76,13 @@ class TrainSim {
 
 Timeline run_timeline(const BenchOptions& o, StateDict& state, const fs::path& work,
                       Progress& progress) {
-  // Built first, so that both runs see its threads and pre-faulted staging pool.
+  // Built first, so that both runs see its threads and staging pool.
   Snapshotter snap(snapshotter_options(o, output_bytes(state, dtype_of(o.dtype)), work));
   progress.show("timeline: calibrating the step...");
   TrainSim sim(state, o.step_ms);
   Timeline tl;
   tl.engine = snap.engine_name();
+  tl.every = o.every;
   tl.scratch_bytes = sim.scratch_bytes();
   tl.pass_ms = sim.pass_ms();
   tl.optimizer_ms = sim.optimizer_ms();
@@ -103,14 +104,21 @@ Timeline run_timeline(const BenchOptions& o, StateDict& state, const fs::path& w
   // steps with a snapshot at the end of the block's first step, whose write overlaps the rest
   // of the block. Between blocks (untimed) the save is waited for and the snapshot before it
   // removed, so no write spills into the next block without snapshots.
-  for (int i = 0; i < 2; ++i) {  // warm-up
-    sim.compute();
-    sim.optimizer_step();
-  }
   SaveOptions save;
   save.dtype = dtype_of(o.dtype);
   save.staging = o.lazy ? Staging::kLazy : Staging::kEager;
   save.overwrite = true;
+  // Warm-up, untimed: a save (whose staging faults in what the pool's background thread has
+  // not reached yet: a training loop's first save does that once), then two steps.
+  {
+    SaveHandle warm = snap.save_async("warm-up", state, nlohmann::json::object(), save);
+    warm.wait();
+    detail::remove_tree(warm.path().string());
+  }
+  for (int i = 0; i < 2; ++i) {
+    sim.compute();
+    sim.optimizer_step();
+  }
   std::vector<SaveHandle> handles;  // one per tl.saves entry
   SaveHandle current;               // the newest save
   SaveHandle previous;              // the one before, removed once `current` commits

@@ -44,6 +44,7 @@ struct SaveRecord {
 struct Timeline {
   std::string engine;
   int passes = 0;
+  int every = 1;  // steps per block (--every)
   uint64_t scratch_bytes = 0;
   double pass_ms = 0;
   double optimizer_ms = 0;
@@ -57,6 +58,24 @@ struct Timeline {
   }
   /// How much longer the mean step is with snapshots, percent.
   double overhead_pct() const { return mean(false) > 0 ? (mean(true) / mean(false) - 1) * 100 : 0; }
+  /// The median over blocks of --every steps of each block's overhead (its steps with a
+  /// snapshot against the same steps without, run just before): robust to a block that
+  /// the machine slowed down, percent.
+  double block_overhead_median_pct() const {
+    std::vector<double> v;
+    const size_t n = static_cast<size_t>(std::max(every, 1));
+    for (size_t b = 0; b < steps.size(); b += n) {
+      double without = 0, with = 0;
+      for (size_t i = b; i < std::min(steps.size(), b + n); ++i) {
+        without += steps[i].without_s;
+        with += steps[i].with_s;
+      }
+      if (without > 0) v.push_back((with / without - 1) * 100);
+    }
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  }
   /// The longest stall of a save, seconds.
   double max_stall() const {
     double m = 0;
