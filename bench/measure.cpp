@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "common/anon_memory.h"
+#include "format/convert.h"
 #include "io/fd.h"
 
 namespace fs = std::filesystem;
@@ -95,13 +96,16 @@ uint64_t output_bytes(const StateDict& sd, std::optional<at::ScalarType> dtype) 
   return n;
 }
 
-double memcpy_2threads(const StateDict& sd, std::optional<at::ScalarType> dtype, uint8_t* dst) {
+double memcpy_2threads(const StateDict& sd, std::optional<at::ScalarType> dtype, uint8_t* dst,
+                       bool convert) {
   // The same output bytes: for a converted state, copy as many source bytes as the convert
-  // writes, so that the floor counts output bandwidth only.
+  // writes, so that the floor counts output bandwidth only (unless `convert`).
   std::vector<std::pair<const uint8_t*, uint64_t>> pieces;
+  std::vector<const at::Tensor*> tensors;
   for (const auto& [k, e] : sd) {
     pieces.push_back(
         {static_cast<const uint8_t*>(e.tensor.data_ptr()), stored_bytes(e.tensor, dtype)});
+    tensors.push_back(&e.tensor);
   }
   std::vector<uint64_t> offsets(pieces.size() + 1, 0);
   for (size_t i = 0; i < pieces.size(); ++i) offsets[i + 1] = offsets[i] + pieces[i].second;
@@ -110,7 +114,13 @@ double memcpy_2threads(const StateDict& sd, std::optional<at::ScalarType> dtype,
   for (int t = 0; t < 2; ++t) {
     threads[t] = std::thread([&, t] {
       for (size_t i = t; i < pieces.size(); i += 2) {
-        std::memcpy(dst + offsets[i], pieces[i].first, pieces[i].second);
+        const at::Tensor& t = *tensors[i];
+        if (convert && dtype && at::isFloatingType(t.scalar_type())) {
+          format::convert(pieces[i].first, t.scalar_type(), dst + offsets[i], *dtype,
+                          static_cast<size_t>(t.numel()));
+        } else {
+          std::memcpy(dst + offsets[i], pieces[i].first, pieces[i].second);
+        }
       }
     });
   }

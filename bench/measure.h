@@ -56,8 +56,11 @@ std::vector<std::string> files_under(const std::filesystem::path& dir);
 uint64_t output_bytes(const StateDict& sd, std::optional<at::ScalarType> dtype);
 
 /// A plain 2-thread memcpy of `sd`'s output bytes (as stored under `dtype`) into `dst`, which
-/// holds at least output_bytes(sd, dtype): the floor of a save's stall. Returns the seconds.
-double memcpy_2threads(const StateDict& sd, std::optional<at::ScalarType> dtype, uint8_t* dst);
+/// holds at least output_bytes(sd, dtype): the floor of a save's stall. With `convert`, the
+/// floating tensors are converted to `dtype` instead (format::convert, the kernel staging uses):
+/// the floor of a converting save's stall. Returns the seconds.
+double memcpy_2threads(const StateDict& sd, std::optional<at::ScalarType> dtype, uint8_t* dst,
+                       bool convert = false);
 
 /// Maps `bytes` of fresh memory advised into huge pages and first-touches it with a memset on
 /// one thread, as staging pools were pre-faulted before they were populated in parallel in the

@@ -82,6 +82,7 @@ const std::vector<Ratio>& ratios() {
   static const std::vector<Ratio> list = {
       {"save_vs_raw", "tsnap save GB/s / raw write GB/s", "tsnap_save", "raw_write", true},
       {"stall_vs_memcpy", "tsnap stall / memcpy time", "tsnap_stall", "memcpy", false},
+      {"stall_vs_convert", "tsnap stall / convert time", "tsnap_stall", "convert", false},
       {"staged_vs_memcpy", "lazy: call to staged / memcpy time", "tsnap_staged", "memcpy", false},
       {"torch_save_vs_save", "torch::save time / tsnap save time", "torch_save", "tsnap_save",
        false},
@@ -379,6 +380,7 @@ void print_save_report(const SaveBenchResult& result) {
   row("  of which staging copy fp32", "tsnap_stage");
   row("memcpy 2 threads fp32 bytes", "memcpy");
   row("memcpy 2 threads bf16 bytes", "memcpy_bf16");
+  row("fp32->bf16 convert 2 threads", "convert_bf16");
   if (spec.torch_save) row("torch::save + fsync", "torch_save");
   auto median = [&](const char* key) { return r.get(key).s.median(); };
   std::printf("\nratios (targets in brackets):\n");
@@ -390,6 +392,8 @@ void print_save_report(const SaveBenchResult& result) {
               median("tsnap_stall") / median("memcpy"));
   std::printf("  stall bf16 / memcpy              %.2f  [<= 1.2]\n",
               median("tsnap_stall_bf16") / median("memcpy_bf16"));
+  std::printf("  stall bf16 / convert             %.2f  [<= 1.1]\n",
+              median("tsnap_stall_bf16") / median("convert_bf16"));
   if (spec.torch_save) {
     std::printf("  torch::save / stall fp32         %.1f  [>= 10]\n",
                 median("torch_save") / median("tsnap_stall"));

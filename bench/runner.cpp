@@ -60,6 +60,7 @@ std::vector<Measure> measures(const PointSpec& spec, const StateDict& state, boo
               {"tsnap_stage" + key, "  of which staging" + label, {}, out_bytes},
               {"tsnap_staged" + key, "tsnap call to staged (lazy)" + label, {}, out_bytes},
               {"memcpy" + key, "memcpy 2 threads (stall floor)" + label, {}, out_bytes},
+              {"convert" + key, "convert 2 threads (stall floor)" + label, {}, out_bytes},
               {"tsnap_load" + key, "tsnap::load (cold: files evicted)" + label, {}, 0},
               {"tsnap_load_warm" + key, "tsnap::load (warm: files cached)" + label, {}, 0}});
   }
@@ -160,6 +161,10 @@ PointResult SaveRunner::run(const PointSpec& spec, size_t index) {
       r.get("tsnap_stall" + key).s.add(st.stall_s);
       r.get("tsnap_stage" + key).s.add(st.stage_s);
       r.get("memcpy" + key).s.add(memcpy_2threads(state_, spec.dtypes[i], floor_.data()));
+      if (spec.dtypes[i]) {
+        r.get("convert" + key)
+            .s.add(memcpy_2threads(state_, spec.dtypes[i], floor_.data(), /*convert=*/true));
+      }
       if (spec.restore && i == 0) {
         // Cold: O_DIRECT writes leave most of the files out of the page cache, but not
         // necessarily all (buffered fallbacks, the manifest): evicted first. Warm: read once.
