@@ -116,6 +116,19 @@ std::string outcome_of(SaveHandle& h) {
   }
 }
 
+// Saves s1..s<steps> of the incremental chain, each waited for: "" when every one is ok, else
+// the first outcome that is not. `last` gets the last save's handle.
+std::string save_chain(Snapshotter& snap, int rank, int world, int steps, SaveHandle* last) {
+  for (int step = 1; step <= steps; ++step) {
+    SaveHandle h =
+        snap.save_async("s" + std::to_string(step), incremental_state(rank, world, step));
+    const std::string outcome = outcome_of(h);
+    if (outcome != "ok") return outcome;
+    *last = h;
+  }
+  return "";
+}
+
 #ifdef USE_C10D_GLOO
 // The training's own collectives: an all-reduce on a Gloo group over the same store.
 double all_reduce_sum(const std::shared_ptr<DistGroup>& group, double value) {
@@ -165,14 +178,9 @@ void run_rank() {
   } else if (scenario == "incremental") {
     o.incremental = true;
     Snapshotter snap(o);
-    std::string text;
-    for (int step = 1; step <= 3 && text.empty(); ++step) {
-      SaveHandle h = snap.save_async("s" + std::to_string(step),
-                                     incremental_state(rank, world, step));
-      const std::string outcome = outcome_of(h);
-      if (outcome != "ok") text = outcome;
-      if (step == 3 && text.empty()) text = "ok " + std::to_string(h.stats().linked_bytes);
-    }
+    SaveHandle last;
+    std::string text = save_chain(snap, rank, world, 3, &last);
+    if (text.empty()) text = "ok " + std::to_string(last.stats().linked_bytes);
     report(out, text);
   } else if (scenario == "tier") {
     // Two tiers across ranks: rank 0 drains the shared snapshots to the durable root.
@@ -180,13 +188,8 @@ void run_rank() {
     o.durable_root = root.parent_path() / "durable";
     o.local_keep_last = 0;
     Snapshotter snap(o);
-    std::string text;
-    for (int step = 1; step <= 2 && text.empty(); ++step) {
-      SaveHandle h = snap.save_async("s" + std::to_string(step),
-                                     incremental_state(rank, world, step));
-      const std::string outcome = outcome_of(h);
-      if (outcome != "ok") text = outcome;
-    }
+    SaveHandle last;
+    std::string text = save_chain(snap, rank, world, 2, &last);
     if (text.empty()) {
       snap.drain_wait();
       text = "ok " + std::to_string(snap.drain_stats().drained);
@@ -198,13 +201,8 @@ void run_rank() {
     o.keep_hot = true;
     o.incremental = true;
     Snapshotter snap(o);
-    std::string text;
-    for (int step = 1; step <= 2 && text.empty(); ++step) {
-      SaveHandle h = snap.save_async("s" + std::to_string(step),
-                                     incremental_state(rank, world, step));
-      const std::string outcome = outcome_of(h);
-      if (outcome != "ok") text = outcome;
-    }
+    SaveHandle last;
+    std::string text = save_chain(snap, rank, world, 2, &last);
     if (text.empty()) {
       const StateDict want = incremental_state(rank, world, 2);
       auto zeros = [&] {
