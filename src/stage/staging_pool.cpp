@@ -101,6 +101,14 @@ int StagingPool::acquire(bool* waited) {
     lock.lock();
     if (free_.empty()) cv_.wait_for(lock, kReclaimRetry);
   }
+  // Not the buffer the background thread is faulting in, if another is free: that thread
+  // runs at a low priority, and a save must not wait for it behind a busy training loop.
+  for (size_t k = free_.size(); k-- > 0;) {
+    if (pages_[free_[k]] != Pages::kFaulting) {
+      std::swap(free_[k], free_.back());
+      break;
+    }
+  }
   const int i = free_.back();
   free_.pop_back();
   fault_in(i, lock);
