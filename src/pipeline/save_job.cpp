@@ -40,7 +40,7 @@ int64_t now_ns() {
 
 SaveJob::SaveJob(Resources& res, plan::Plan plan, CommitPaths paths, nlohmann::json metadata,
                  bool overwrite, std::shared_ptr<Coordinator> coordinator,
-                 Clock::time_point started, std::function<void()> release_slot,
+                 Clock::time_point started, std::function<void(bool)> release_slot,
                  std::function<void()> on_completed, ProgressFn progress)
     : res_(res),
       plan_(std::move(plan)),
@@ -313,7 +313,7 @@ void SaveJob::finish() {
   for (plan::PlannedFile& file : plan_.files) {
     for (plan::PlannedTensor& t : file.tensors) t.source = at::Tensor();
   }
-  if (release_slot_) release_slot_();
+  if (release_slot_) release_slot_(!error);
   state_->complete(error);
   if (on_completed_) on_completed_();
 }

@@ -35,13 +35,14 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
  public:
   using Clock = std::chrono::steady_clock;
 
-  /// Admission bookkeeping: `release_slot` runs just before the handle completes (so that a
-  /// save started once wait() returns is admitted), `on_completed` just after (wait_all()).
+  /// Admission bookkeeping: `release_slot(committed)` runs just before the handle completes (so
+  /// that a save started once wait() returns is admitted, and sees this one as its incremental
+  /// base), `on_completed` just after (wait_all()).
   /// With a `coordinator` the save is this rank's part of a distributed save (see
   /// coordinate()); without one it commits alone.
   SaveJob(Resources& res, plan::Plan plan, CommitPaths paths, nlohmann::json metadata,
           bool overwrite, std::shared_ptr<Coordinator> coordinator, Clock::time_point started,
-          std::function<void()> release_slot, std::function<void()> on_completed,
+          std::function<void(bool)> release_slot, std::function<void()> on_completed,
           ProgressFn progress = {});
 
   /// Creates the temporary directory and opens the shard files; throws on failure (nothing is
@@ -89,7 +90,7 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   bool overwrite_;
   std::shared_ptr<Coordinator> coordinator_;
   Clock::time_point started_;
-  std::function<void()> release_slot_;
+  std::function<void(bool)> release_slot_;
   std::function<void()> on_completed_;
   std::shared_ptr<detail::SaveState> state_;
   detail::ProgressMeter progress_;

@@ -349,7 +349,17 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
     job = std::make_shared<pipeline::SaveJob>(
         res, std::move(plan), std::move(paths),
         metadata.is_null() ? nlohmann::json::object() : metadata, options.overwrite, coordinator,
-        started, [this, name] { release_slot(name); }, [this] { completed(); }, options.progress);
+        started,
+        [this, name](bool committed) {
+          // Before the handle completes: a save started once wait() returns takes this one
+          // as its incremental base.
+          if (committed) {
+            std::lock_guard<std::mutex> lock(base_mu);
+            last_committed = name;
+          }
+          release_slot(name);
+        },
+        [this] { completed(); }, options.progress);
     job->open_files();
     if (image) job->keep_hot(std::move(image));
   } catch (...) {
@@ -358,11 +368,6 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
     throw;
   }
   SaveHandle handle(job->state());
-  handle.on_complete([this, name](std::exception_ptr error) {
-    if (error) return;
-    std::lock_guard<std::mutex> lock(base_mu);
-    last_committed = name;
-  });
   if (options.staging == Staging::kLazy) {
     boost::asio::post(*res.blocking, [job] { job->stage(/*lazy=*/true); });
   } else {
