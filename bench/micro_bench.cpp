@@ -88,6 +88,20 @@ void BM_FillSmallTensors(benchmark::State& state) {
 }
 BENCHMARK(BM_FillSmallTensors)->Arg(1000)->Arg(10000)->Unit(benchmark::kMillisecond);
 
+// The caller's share of a save of `range(0)` small tensors before staging: the plan (layout,
+// offsets, safetensors headers) and the staging sources.
+void BM_PlanSmallTensors(benchmark::State& state) {
+  const tsnap::StateDict sd = tsnap::bench::small_tensors(static_cast<int>(state.range(0)));
+  for (auto _ : state) {
+    const tsnap::plan::Plan plan = tsnap::plan::make_plan(sd, {}, 16ull << 20, "micro", 1);
+    for (const auto& file : plan.files) {
+      benchmark::DoNotOptimize(tsnap::stage::prepare_sources(file));
+    }
+  }
+  state.counters["tensors"] = static_cast<double>(state.range(0));
+}
+BENCHMARK(BM_PlanSmallTensors)->Arg(1000)->Arg(10000)->Unit(benchmark::kMillisecond);
+
 }  // namespace
 
 BENCHMARK_MAIN();
