@@ -5,6 +5,7 @@
 #include <c10/core/Allocator.h>
 
 #include <cstring>
+#include <system_error>
 
 #include "io/thread_priority.h"
 #include "tsnap/error.h"
@@ -58,23 +59,27 @@ void StagingPool::fault_in(int index, std::unique_lock<std::mutex>& lock) {
 void StagingPool::fault_in_background(bool background_priority, std::function<void()> done) {
   std::lock_guard<std::mutex> lock(mu_);
   if (faulter_.joinable() || stop_) return;
-  faulter_ = std::thread([this, background_priority, done = std::move(done)] {
-    if (background_priority) io::make_background_thread();
-    // Buffers are handed out from the back of free_: fault in from its front, so that the
-    // saves' acquire() calls and this thread meet in the middle.
-    std::unique_lock<std::mutex> lock(mu_);
-    const std::vector<int> order(free_.begin(), free_.end());
-    for (int index : order) {
-      if (stop_) return;
-      if (pages_[index] == Pages::kFresh) fault_in(index, lock);
-    }
-    for (size_t i = 0; i < pages_.size(); ++i) {  // and any a save's first use still faults
-      if (stop_) return;
-      fault_in(static_cast<int>(i), lock);
-    }
-    lock.unlock();
-    if (done) done();
-  });
+  try {
+    faulter_ = std::thread([this, background_priority, done = std::move(done)] {
+      if (background_priority) io::make_background_thread();
+      // Buffers are handed out from the back of free_: fault in from its front, so that the
+      // saves' acquire() calls and this thread meet in the middle.
+      std::unique_lock<std::mutex> lock(mu_);
+      const std::vector<int> order(free_.begin(), free_.end());
+      for (int index : order) {
+        if (stop_) return;
+        if (pages_[index] == Pages::kFresh) fault_in(index, lock);
+      }
+      for (size_t i = 0; i < pages_.size(); ++i) {  // and any a save's first use still faults
+        if (stop_) return;
+        fault_in(static_cast<int>(i), lock);
+      }
+      lock.unlock();
+      if (done) done();
+    });
+  } catch (const std::system_error&) {
+    // No thread: each buffer is faulted in by its first acquire(), and `done` does not run.
+  }
 }
 
 void StagingPool::stop_background() {

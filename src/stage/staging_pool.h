@@ -41,7 +41,7 @@ class StagingPool {
   /// Starts the background thread that faults in the buffers no acquire() has yet (at a lower
   /// CPU and I/O priority when `background_priority`), then calls `done` on that thread (e.g.
   /// to register the buffers with io_uring, which pins their pages). `done` must not throw;
-  /// it does not run when stop_background() came first. At most once per pool.
+  /// it does not run when stop_background() came first or no thread could start. Once a pool.
   void fault_in_background(bool background_priority, std::function<void()> done);
   /// Stops and joins the background thread (a no-op without one); `done` is not running and
   /// will not run once this returns. The destructor calls it; call it earlier when `done` uses
