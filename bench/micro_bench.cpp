@@ -102,6 +102,25 @@ void BM_PlanSmallTensors(benchmark::State& state) {
 }
 BENCHMARK(BM_PlanSmallTensors)->Arg(1000)->Arg(10000)->Unit(benchmark::kMillisecond);
 
+// The same, reusing the plan of an earlier save of the state (every periodic save but the
+// first: plan::Layout::previous).
+void BM_PlanSmallTensorsReused(benchmark::State& state) {
+  const tsnap::StateDict sd = tsnap::bench::small_tensors(static_cast<int>(state.range(0)));
+  const std::string id = "0000000000000001-00000001";
+  const tsnap::plan::Plan first = tsnap::plan::make_plan(sd, {}, 16ull << 20, id, 1);
+  tsnap::plan::Layout layout;
+  layout.previous = &first;
+  for (auto _ : state) {
+    const tsnap::plan::Plan plan = tsnap::plan::make_plan(sd, {}, 16ull << 20, id, 1, {}, layout);
+    if (!plan.reused) state.SkipWithError("the plan was not reused");
+    for (const auto& file : plan.files) {
+      benchmark::DoNotOptimize(tsnap::stage::prepare_sources(file));
+    }
+  }
+  state.counters["tensors"] = static_cast<double>(state.range(0));
+}
+BENCHMARK(BM_PlanSmallTensorsReused)->Arg(1000)->Arg(10000)->Unit(benchmark::kMillisecond);
+
 }  // namespace
 
 BENCHMARK_MAIN();

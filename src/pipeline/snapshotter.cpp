@@ -60,6 +60,9 @@ struct Snapshotter::Impl {
   std::mutex pool_mu;  // guards the creation of res.pool (automatic budget: at the first save)
   std::mutex base_mu;
   std::string last_committed;  // name of the last snapshot a save of this Snapshotter committed
+  // The last plan a full (not incremental) save made, without its sources: the next save of a
+  // state alike reuses its layout (plan::Layout::previous). Guarded by base_mu.
+  std::shared_ptr<const plan::Plan> last_plan;
 
   // The base of an incremental save: the last snapshot committed here, else the newest under
   // the root; null when there is none (or it cannot be read: the save is then a full one).
@@ -350,8 +353,22 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
     base = find_base();
     layout.base = base.get();
   }
+  std::shared_ptr<const plan::Plan> previous;
+  if (!layout.incremental) {
+    std::lock_guard<std::mutex> lock(base_mu);
+    previous = last_plan;
+    layout.previous = previous.get();
+  }
   plan::Plan plan = plan::make_plan(state, options, chunk, id,
                                     std::max(1, res.options.io_threads), ranks, layout);
+  if (!plan.reused && !plan.entries.empty()) {
+    auto kept = std::make_shared<plan::Plan>(plan);
+    for (plan::PlannedFile& file : kept->files) {
+      for (plan::PlannedTensor& t : file.tensors) t.source.reset();  // not the caller's memory
+    }
+    std::lock_guard<std::mutex> lock(base_mu);
+    last_plan = std::move(kept);
+  }
   // A rank's hot image holds every entry it restores: the replicated entries that other ranks
   // write are staged too (the stall copies them), into files that stay in memory.
   if (res.options.keep_hot && ranks.world_size > 1) {

@@ -229,8 +229,10 @@ std::vector<Group> incremental_groups(const std::vector<Item>& items, RankOf ran
 
 // One file's byte image from its group: element size descending, then name, so that every
 // tensor lands naturally aligned; the header carries `header_id`.
+// `entries`, when given, gets each member's place (file `file_index`) at its item's index.
 PlannedFile build_file(const Group& group, const std::vector<Item>& items, uint64_t chunk_bytes,
-                       const std::string& header_id) {
+                       const std::string& header_id, uint32_t file_index = 0,
+                       std::vector<TensorRef>* entries = nullptr) {
   std::vector<size_t> members = group.members;
   std::sort(members.begin(), members.end(), [&](size_t a, size_t b) {
     const size_t ea = format::element_size(items[a].dtype);
@@ -256,6 +258,9 @@ PlannedFile build_file(const Group& group, const std::vector<Item>& items, uint6
     pt.end = offset + it.bytes;
     offset = pt.end;
     header_tensors.push_back({pt.name, pt.dtype, pt.shape, pt.begin, pt.end});
+    if (entries != nullptr) {
+      (*entries)[i] = {file_index, static_cast<uint32_t>(file.tensors.size())};
+    }
     file.tensors.push_back(std::move(pt));
   }
   file.header = format::build_header(header_tensors, {{"format", "pt"}, {"tsnap_id", header_id}});
@@ -291,6 +296,54 @@ void add_chunks(Plan& plan, size_t first) {
       if (c < plan.files[f].num_chunks()) plan.chunks.push_back({static_cast<uint32_t>(f), c});
     }
   }
+}
+
+constexpr uint32_t kNotPlaced = UINT32_MAX;
+
+// Layout::previous: the files of `previous` with the tensors of `items` (in the state's order)
+// as their sources and `id` in their headers, when make_plan would lay them out alike (the same
+// keys, stored and source dtypes, shapes and shard specs, and the same inputs that choose the
+// files); nullopt otherwise.
+std::optional<Plan> reuse(const Plan& previous, const std::vector<Item>& items,
+                          const SaveOptions& options, uint64_t chunk_bytes,
+                          const std::string& id, int max_auto_shards, RankOf ranks) {
+  if (previous.entries.size() != items.size() || previous.chunk_bytes != chunk_bytes ||
+      previous.num_shards != options.num_shards || previous.max_auto_shards != max_auto_shards ||
+      previous.ranks.rank != ranks.rank || previous.ranks.world_size != ranks.world_size ||
+      previous.written_files != previous.files.size() || previous.id.size() != id.size()) {
+    return std::nullopt;
+  }
+  for (size_t i = 0; i < items.size(); ++i) {
+    const TensorRef r = previous.entries[i];
+    const PlannedTensor& t = previous.files[r.file].tensors[r.index];
+    const Item& it = items[i];
+    const at::Tensor& src = it.entry->tensor;
+    if (t.name != *it.key || t.dtype != it.dtype || t.source_dtype != src.scalar_type() ||
+        !std::equal(t.shape.begin(), t.shape.end(), src.sizes().begin(), src.sizes().end()) ||
+        t.shard != it.entry->shard) {
+      return std::nullopt;
+    }
+  }
+  // Each header names the plan's id once, in its metadata (written first, keys sorted).
+  const std::string old_id = "\"tsnap_id\":\"" + previous.id + "\"";
+  std::vector<size_t> id_at;
+  for (const PlannedFile& f : previous.files) {
+    const size_t at = f.header.find(old_id);
+    if (f.header_id != previous.id || at == std::string::npos) return std::nullopt;
+    id_at.push_back(at + old_id.size() - 1 - id.size());
+  }
+  Plan plan = previous;
+  plan.id = id;
+  plan.reused = true;
+  for (size_t f = 0; f < plan.files.size(); ++f) {
+    plan.files[f].header.replace(id_at[f], id.size(), id);
+    plan.files[f].header_id = id;
+  }
+  for (size_t i = 0; i < items.size(); ++i) {
+    const TensorRef r = plan.entries[i];
+    plan.files[r.file].tensors[r.index].source = items[i].entry->tensor;
+  }
+  return plan;
 }
 
 }  // namespace
@@ -355,6 +408,11 @@ Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chun
     const at::ScalarType dtype = stored_dtype(key, entry, options);
     items.push_back({&key, &entry, dtype, stored_nbytes(t, dtype)});
   }
+  if (!layout.incremental && layout.previous != nullptr) {
+    std::optional<Plan> plan =
+        reuse(*layout.previous, items, options, chunk_bytes, id, max_auto_shards, ranks);
+    if (plan) return std::move(*plan);
+  }
   std::vector<std::string> replicated;
   std::vector<Group> groups = layout.incremental
                                   ? incremental_groups(items, ranks, chunk_bytes, layout.base,
@@ -369,10 +427,17 @@ Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chun
     plan.base_dir = layout.base->dir;
     plan.base_name = layout.base->name;
   }
+  plan.chunk_bytes = chunk_bytes;
+  plan.num_shards = options.num_shards;
+  plan.max_auto_shards = max_auto_shards;
+  plan.ranks = ranks;
+  if (!layout.incremental) plan.entries.assign(items.size(), {kNotPlaced, kNotPlaced});
   plan.files.reserve(groups.size());
   for (const Group& group : groups) {
-    PlannedFile file =
-        build_file(group, items, chunk_bytes, group.header_id.empty() ? id : group.header_id);
+    PlannedFile file = build_file(group, items, chunk_bytes,
+                                  group.header_id.empty() ? id : group.header_id,
+                                  static_cast<uint32_t>(plan.files.size()),
+                                  layout.incremental ? nullptr : &plan.entries);
     if (group.base != nullptr) {
       if (same_layout(file, *group.base, group.base_offsets)) {
         file.base_hashes = group.base->chunk_hashes;
@@ -386,6 +451,12 @@ Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chun
     plan.files.push_back(std::move(file));
   }
 
+  // A rank's plan lacks the replicated entries other ranks write, whose shapes decide who
+  // writes what: only a plan that holds every entry can be reused.
+  if (std::any_of(plan.entries.begin(), plan.entries.end(),
+                  [](const TensorRef& r) { return r.file == kNotPlaced; })) {
+    plan.entries.clear();
+  }
   plan.written_files = plan.files.size();
   add_chunks(plan, 0);
   return plan;

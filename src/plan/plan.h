@@ -59,6 +59,8 @@ struct Base {
   Manifest manifest;
 };
 
+struct Plan;
+
 /// How the files of a save are chosen.
 struct Layout {
   /// Group tensors into files by key name (about kIncrementalFileChunks chunks each, separately for
@@ -66,6 +68,12 @@ struct Layout {
   /// `base` whose tensors are all still there with the same dtype, shape and shard spec.
   bool incremental = false;
   const Base* base = nullptr;  ///< Incremental only; may be null (a first save).
+  /// Not incremental: a plan make_plan made before (for an earlier save of the same training
+  /// state). When the state holds the same keys with the same stored dtypes, shapes and shard
+  /// specs, and chunk size, shard count and ranks are the same, its files are reused (with
+  /// this save's tensors and id) instead of planned again: the plan of every periodic save of a
+  /// training loop but the first costs a comparison and a copy. May be null.
+  const Plan* previous = nullptr;
 };
 
 /// Target size of an incremental save's files, in chunks: 64 MiB with the default 16 MiB
@@ -76,6 +84,12 @@ inline constexpr uint64_t kIncrementalFileChunks = 4;
 struct ChunkRef {
   uint32_t file = 0;
   uint64_t chunk = 0;
+};
+
+/// A tensor's address: file index and index in the file.
+struct TensorRef {
+  uint32_t file = 0;
+  uint32_t index = 0;
 };
 
 /// Which rank of how many makes the plan. In a distributed save every rank plans its own files:
@@ -105,6 +119,16 @@ struct Plan {
   /// add_memory_files). Their chunks follow the written files' chunks and are not counted in
   /// total_bytes, tensor_bytes or num_tensors.
   size_t written_files = 0;
+  /// What the layout was made from, for Layout::previous: the chunk size, shard count and
+  /// ranks, and where each entry of the state went (entry i in the state's order is
+  /// files[entries[i].file].tensors[entries[i].index]). Empty `entries` for an incremental
+  /// plan, which is never reused.
+  uint64_t chunk_bytes = 0;
+  int num_shards = 0;
+  int max_auto_shards = 0;
+  RankOf ranks;
+  std::vector<TensorRef> entries;
+  bool reused = false;  ///< Made from Layout::previous.
 };
 
 /// The dtype `entry` is stored as under `options` (integer/bool tensors never convert).
@@ -119,7 +143,8 @@ at::ScalarType stored_dtype(const std::string& key, const StateEntry& entry,
 /// unsupported dtype, sparse/quantized tensor). With `ranks.world_size` > 1 the plan holds only
 /// what `ranks.rank` writes (see RankOf) and its files are named after the rank. An incremental
 /// `layout` groups files as Layout says; every rank derives the same owner for each replicated
-/// entry from the same base manifest.
+/// entry from the same base manifest. A non-incremental `layout` may name a previous plan to
+/// reuse (Layout::previous): the result is the same as planning anew.
 Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chunk_bytes,
                const std::string& id, int max_auto_shards, RankOf ranks = {},
                const Layout& layout = {});

@@ -111,6 +111,90 @@ TEST(Plan, RefusesBadChunkSizesAndSparseTensorsNamingThem) {
   }
 }
 
+// Every field of two plans' files, sources compared by identity.
+void expect_same_files(const Plan& a, const Plan& b) {
+  ASSERT_EQ(a.files.size(), b.files.size());
+  EXPECT_EQ(a.total_bytes, b.total_bytes);
+  EXPECT_EQ(a.num_tensors, b.num_tensors);
+  ASSERT_EQ(a.chunks.size(), b.chunks.size());
+  for (size_t c = 0; c < a.chunks.size(); ++c) {
+    EXPECT_EQ(a.chunks[c].file, b.chunks[c].file);
+    EXPECT_EQ(a.chunks[c].chunk, b.chunks[c].chunk);
+  }
+  for (size_t f = 0; f < a.files.size(); ++f) {
+    const PlannedFile &x = a.files[f], &y = b.files[f];
+    EXPECT_EQ(x.name, y.name);
+    EXPECT_EQ(x.header, y.header) << x.name;
+    EXPECT_EQ(x.header_id, y.header_id);
+    EXPECT_EQ(x.size, y.size);
+    ASSERT_EQ(x.tensors.size(), y.tensors.size());
+    for (size_t i = 0; i < x.tensors.size(); ++i) {
+      const PlannedTensor &s = x.tensors[i], &t = y.tensors[i];
+      EXPECT_EQ(s.name, t.name);
+      EXPECT_TRUE(s.source.is_same(t.source)) << s.name;
+      EXPECT_EQ(s.dtype, t.dtype);
+      EXPECT_EQ(s.source_dtype, t.source_dtype);
+      EXPECT_EQ(s.shape, t.shape);
+      EXPECT_EQ(s.begin, t.begin);
+      EXPECT_EQ(s.end, t.end);
+    }
+  }
+}
+
+// A plan reused for a state alike is the plan made anew (its headers carry the new id, its
+// sources are the new tensors); a state that differs in a key, shape or dtype, or other
+// options, is planned anew.
+TEST(Plan, ReusesThePreviousLayoutForAStateAlike) {
+  SaveOptions o;
+  o.num_shards = 2;
+  o.dtype = at::kBFloat16;
+  const std::string id1 = "0000000000000001-00000001", id2 = "0000000000000002-00000002";
+  Plan first = make_plan(sized_state(), o, 1 << 20, id1, 4);
+  EXPECT_FALSE(first.reused);
+  ASSERT_EQ(first.entries.size(), 5u);
+  for (PlannedFile& f : first.files) {
+    for (PlannedTensor& t : f.tensors) t.source.reset();  // as the Snapshotter keeps it
+  }
+  const StateDict next = sized_state();  // new tensors, same keys, shapes and dtypes
+  Layout layout;
+  layout.previous = &first;
+  const Plan reused = make_plan(next, o, 1 << 20, id2, 4, {}, layout);
+  EXPECT_TRUE(reused.reused);
+  EXPECT_EQ(reused.id, id2);
+  const Plan fresh = make_plan(next, o, 1 << 20, id2, 4);
+  expect_same_files(reused, fresh);
+
+  const auto planned_anew = [&](const StateDict& sd, const SaveOptions& opts, uint64_t chunk) {
+    return !make_plan(sd, opts, chunk, id2, 4, {}, layout).reused;
+  };
+  StateDict other_shape = sized_state();
+  other_shape.set("mid", make_tensor(at::kFloat, {200001}, 2));
+  StateDict other_dtype = sized_state();
+  other_dtype.set("steps", make_tensor(at::kInt, {3}, 4));
+  StateDict other_key = sized_state();
+  other_key.erase("half");
+  other_key.insert("halves", make_tensor(at::kHalf, {5}, 5));
+  StateDict more = sized_state();
+  more.insert("extra", make_tensor(at::kFloat, {7}, 6));
+  StateDict per_entry = sized_state();
+  per_entry.erase("big");
+  per_entry.insert("big", make_tensor(at::kFloat, {300000}, 1), at::kFloat);
+  EXPECT_TRUE(planned_anew(other_shape, o, 1 << 20));
+  EXPECT_TRUE(planned_anew(other_dtype, o, 1 << 20));
+  EXPECT_TRUE(planned_anew(other_key, o, 1 << 20));
+  EXPECT_TRUE(planned_anew(more, o, 1 << 20));
+  EXPECT_TRUE(planned_anew(per_entry, o, 1 << 20));
+  EXPECT_TRUE(planned_anew(next, o, 2 << 20));
+  SaveOptions three = o;
+  three.num_shards = 3;
+  EXPECT_TRUE(planned_anew(next, three, 1 << 20));
+  SaveOptions fp32 = o;
+  fp32.dtype.reset();
+  EXPECT_TRUE(planned_anew(next, fp32, 1 << 20));
+  expect_same_files(make_plan(other_shape, o, 1 << 20, id2, 4, {}, layout),
+                    make_plan(other_shape, o, 1 << 20, id2, 4));
+}
+
 TEST(Plan, EmptyStateHasOneEmptyFile) {
   const Plan p = make_plan(StateDict(), {}, 1 << 20, "id5", 4);
   ASSERT_EQ(p.files.size(), 1u);
