@@ -34,12 +34,17 @@ AnonMemory::AnonMemory(uint64_t bytes, bool huge, const std::string& what)
 
 AnonMemory::~AnonMemory() { ::munmap(base_, size_); }
 
-void populate(uint8_t* p, uint64_t len) {
-  if (len == 0) return;
+bool populate_untouched(uint8_t* p, uint64_t len) {
+  if (len == 0) return true;
   const auto start = reinterpret_cast<uintptr_t>(p) / kPage * kPage;
   const auto end = reinterpret_cast<uintptr_t>(p) + len;
-  auto* lo = reinterpret_cast<uint8_t*>(start);
-  if (::madvise(lo, end - start, MADV_POPULATE_WRITE) == 0) return;
+  return ::madvise(reinterpret_cast<uint8_t*>(start), end - start, MADV_POPULATE_WRITE) == 0;
+}
+
+void populate(uint8_t* p, uint64_t len) {
+  if (populate_untouched(p, len)) return;
+  const auto start = reinterpret_cast<uintptr_t>(p) / kPage * kPage;
+  const auto end = reinterpret_cast<uintptr_t>(p) + len;
   for (uintptr_t at = start; at < end; at += kPage) {
     volatile uint8_t* b = reinterpret_cast<uint8_t*>(at);
     *b = *b;

@@ -38,6 +38,10 @@ class AnonMemory {
 /// (MADV_POPULATE_WRITE, Linux 5.14+), else by rewriting one byte of each page. For memory
 /// that nothing else uses meanwhile (e.g. right before a read into it is submitted).
 void populate(uint8_t* p, uint64_t len);
+/// Faults in the pages of [p, p + len) in-kernel only (MADV_POPULATE_WRITE), never touching
+/// their bytes, so that other threads may write them meanwhile. Returns false, having done
+/// nothing, where the kernel cannot (before Linux 5.14).
+bool populate_untouched(uint8_t* p, uint64_t len);
 /// populate() split over one thread per core (the calling thread included): fresh pages are
 /// faulted in by each core independently, which on a VM also spreads the host's faults.
 void populate_in_parallel(uint8_t* p, uint64_t len);

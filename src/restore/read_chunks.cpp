@@ -370,14 +370,71 @@ std::string written_note(const std::vector<Target>& targets,
   }
 }
 
+// The new tensors of a load (tsnap::load, not in place), faulted in on a thread of their own
+// in the order the reads fill them, while the reads are in flight. Left to the copies out of
+// the read buffers, every 4 KiB page of them was faulted in by the processor that copies into
+// it, on the path of the reads. Measured (tsnap_bench_restore, cold, 1.5 GB): load 0.77 s
+// against load_into's 0.62 s without; with the destinations in huge pages instead, 0.87 s cold
+// and 2.8 s warm (on this VM the host backs each fresh 2 MiB page slowly). The processors still
+// fault in what this thread has not reached; it stops with the load.
+class Prefault {
+ public:
+  Prefault(const ReadPlan& plan, const std::vector<Target>& targets) {
+    std::vector<bool> seen(targets.size(), false);
+    for (const ChunkRead& c : plan.chunks) {
+      for (const Piece& p : c.pieces) {
+        const Target& t = targets[p.target];
+        if (seen[p.target] || !t.runs.empty()) continue;
+        seen[p.target] = true;
+        const uint64_t bytes = t.stored_bytes() / c10::elementSize(t.record->dtype) *
+                               c10::elementSize(t.dtype);
+        if (bytes >= kMinBytes) regions_.push_back({static_cast<uint8_t*>(t.data), bytes});
+      }
+    }
+    if (regions_.empty()) return;
+    try {
+      thread_ = std::thread([this] { run(); });
+    } catch (const std::system_error&) {
+      // no thread: the copies fault the pages in
+    }
+  }
+  ~Prefault() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  Prefault(const Prefault&) = delete;
+  Prefault& operator=(const Prefault&) = delete;
+
+ private:
+  static constexpr uint64_t kMinBytes = 1ull << 20;   // smaller ones are mostly reused memory
+  static constexpr uint64_t kStepBytes = 8ull << 20;  // how often it looks at stop_
+
+  // In-kernel only: the processors write these bytes meanwhile. Where the kernel cannot, the
+  // copies fault them in as before.
+  void run() {
+    for (const auto& [p, bytes] : regions_) {
+      for (uint64_t at = 0; at < bytes && !stop_; at += kStepBytes) {
+        if (!detail::populate_untouched(p + at, std::min(kStepBytes, bytes - at))) return;
+      }
+    }
+  }
+
+  std::vector<std::pair<uint8_t*, uint64_t>> regions_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
 // Runs the reads of `plan` from `source` with `slots` fetches at once and `extra` processor
 // threads besides this one, then (atomic) scatters them; throws the first error.
 void run_reads(const ReadPlan& plan, const std::vector<Target>& targets, ChunkSource& source,
                const LoadOptions& options, bool in_place, size_t slots, size_t extra) {
   Reads reads(plan, targets, source, options);
   for (size_t b = 0; b < slots; ++b) reads.submit(static_cast<int>(b));
+  std::optional<Prefault> prefault;
+  if (!in_place) prefault.emplace(plan, targets);
   // From here until every read is back, nothing throws: the reads use this frame.
   on_threads(extra, [&] { reads.process(); });
+  prefault.reset();
   if (const std::exception_ptr error = reads.error()) {
     rethrow_with(error, in_place && !options.atomic ? written_note(targets, reads.written()) : "");
   }
