@@ -109,7 +109,7 @@ void BM_PlanSmallTensorsReused(benchmark::State& state) {
   const std::string id = "0000000000000001-00000001";
   const tsnap::plan::Plan first = tsnap::plan::make_plan(sd, {}, 16ull << 20, id, 1);
   tsnap::plan::Layout layout;
-  layout.previous = &first;
+  layout.previous = {&first};
   for (auto _ : state) {
     const tsnap::plan::Plan plan = tsnap::plan::make_plan(sd, {}, 16ull << 20, id, 1, {}, layout);
     if (!plan.reused) state.SkipWithError("the plan was not reused");

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <boost/asio/post.hpp>
 #include <condition_variable>
+#include <deque>
 #include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -60,9 +61,11 @@ struct Snapshotter::Impl {
   std::mutex pool_mu;  // guards the creation of res.pool (automatic budget: at the first save)
   std::mutex base_mu;
   std::string last_committed;  // name of the last snapshot a save of this Snapshotter committed
-  // The last plan a full (not incremental) save made, without its sources: the next save of a
-  // state alike reuses its layout (plan::Layout::previous). Guarded by base_mu.
-  std::shared_ptr<const plan::Plan> last_plan;
+  // The last plans full (not incremental) saves made, newest first, without their sources: a
+  // save of a state alike reuses one's layout (plan::Layout::previous). Several, for loops that
+  // save a few states in turn (a model, an optimizer). Guarded by base_mu.
+  static constexpr size_t kKeptPlans = 4;
+  std::deque<std::shared_ptr<const plan::Plan>> kept_plans;
 
   // The base of an incremental save: the last snapshot committed here, else the newest under
   // the root; null when there is none (or it cannot be read: the save is then a full one).
@@ -353,12 +356,12 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
     base = find_base();
     layout.base = base.get();
   }
-  std::shared_ptr<const plan::Plan> previous;
+  std::deque<std::shared_ptr<const plan::Plan>> previous;
   if (!layout.incremental) {
     std::lock_guard<std::mutex> lock(base_mu);
-    previous = last_plan;
-    layout.previous = previous.get();
+    previous = kept_plans;
   }
+  for (const auto& p : previous) layout.previous.push_back(p.get());
   plan::Plan plan = plan::make_plan(state, options, chunk, id,
                                     std::max(1, res.options.io_threads), ranks, layout);
   if (!plan.reused && !plan.entries.empty()) {
@@ -367,7 +370,8 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
       for (plan::PlannedTensor& t : file.tensors) t.source.reset();  // not the caller's memory
     }
     std::lock_guard<std::mutex> lock(base_mu);
-    last_plan = std::move(kept);
+    kept_plans.push_front(std::move(kept));
+    if (kept_plans.size() > kKeptPlans) kept_plans.pop_back();
   }
   // A rank's hot image holds every entry it restores: the replicated entries that other ranks
   // write are staged too (the stall copies them), into files that stay in memory.

@@ -408,9 +408,9 @@ Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chun
     const at::ScalarType dtype = stored_dtype(key, entry, options);
     items.push_back({&key, &entry, dtype, stored_nbytes(t, dtype)});
   }
-  if (!layout.incremental && layout.previous != nullptr) {
+  for (const Plan* previous : layout.incremental ? std::vector<const Plan*>{} : layout.previous) {
     std::optional<Plan> plan =
-        reuse(*layout.previous, items, options, chunk_bytes, id, max_auto_shards, ranks);
+        reuse(*previous, items, options, chunk_bytes, id, max_auto_shards, ranks);
     if (plan) return std::move(*plan);
   }
   std::vector<std::string> replicated;

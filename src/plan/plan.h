@@ -68,12 +68,12 @@ struct Layout {
   /// `base` whose tensors are all still there with the same dtype, shape and shard spec.
   bool incremental = false;
   const Base* base = nullptr;  ///< Incremental only; may be null (a first save).
-  /// Not incremental: a plan make_plan made before (for an earlier save of the same training
-  /// state). When the state holds the same keys with the same stored dtypes, shapes and shard
-  /// specs, and chunk size, shard count and ranks are the same, its files are reused (with
-  /// this save's tensors and id) instead of planned again: the plan of every periodic save of a
-  /// training loop but the first costs a comparison and a copy. May be null.
-  const Plan* previous = nullptr;
+  /// Not incremental: plans make_plan made before (for earlier saves of the same training
+  /// state). When the state holds the same keys as one of them with the same stored dtypes,
+  /// shapes and shard specs, and chunk size, shard count and ranks are the same, the first such
+  /// plan's files are reused (with this save's tensors and id) instead of planned again: the
+  /// plan of every periodic save of a training loop but the first costs a comparison and a copy.
+  std::vector<const Plan*> previous;
 };
 
 /// Target size of an incremental save's files, in chunks: 64 MiB with the default 16 MiB
@@ -144,7 +144,7 @@ at::ScalarType stored_dtype(const std::string& key, const StateEntry& entry,
 /// what `ranks.rank` writes (see RankOf) and its files are named after the rank. An incremental
 /// `layout` groups files as Layout says; every rank derives the same owner for each replicated
 /// entry from the same base manifest. A non-incremental `layout` may name a previous plan to
-/// reuse (Layout::previous): the result is the same as planning anew.
+/// plans to reuse (Layout::previous): the result is the same as planning anew.
 Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chunk_bytes,
                const std::string& id, int max_auto_shards, RankOf ranks = {},
                const Layout& layout = {});

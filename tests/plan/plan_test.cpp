@@ -157,7 +157,7 @@ TEST(Plan, ReusesThePreviousLayoutForAStateAlike) {
   }
   const StateDict next = sized_state();  // new tensors, same keys, shapes and dtypes
   Layout layout;
-  layout.previous = &first;
+  layout.previous = {&first};
   const Plan reused = make_plan(next, o, 1 << 20, id2, 4, {}, layout);
   EXPECT_TRUE(reused.reused);
   EXPECT_EQ(reused.id, id2);
@@ -193,6 +193,12 @@ TEST(Plan, ReusesThePreviousLayoutForAStateAlike) {
   EXPECT_TRUE(planned_anew(next, fp32, 1 << 20));
   expect_same_files(make_plan(other_shape, o, 1 << 20, id2, 4, {}, layout),
                     make_plan(other_shape, o, 1 << 20, id2, 4));
+  // Of several kept plans, the one that fits.
+  const Plan other = make_plan(more, o, 1 << 20, id1, 4);
+  layout.previous = {&other, &first};
+  const Plan second = make_plan(next, o, 1 << 20, id2, 4, {}, layout);
+  EXPECT_TRUE(second.reused);
+  expect_same_files(second, fresh);
 }
 
 TEST(Plan, EmptyStateHasOneEmptyFile) {
