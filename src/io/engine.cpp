@@ -18,6 +18,31 @@ int result(int rc) { return rc < 0 ? -errno : rc; }
 
 }  // namespace
 
+void Engine::readv(int fd, const iovec* iov, int iovcnt, uint64_t offset, Done done) {
+  std::vector<iovec> rest(iov, iov + iovcnt);
+  size_t first = 0;
+  uint64_t got = 0;
+  while (first < rest.size()) {
+    const ssize_t n = ::preadv(fd, rest.data() + first, static_cast<int>(rest.size() - first),
+                               static_cast<off_t>(offset + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return done(-errno);
+    if (n == 0) break;  // end of file
+    got += static_cast<uint64_t>(n);
+    // Past the segments it filled; on into the one it stopped in.
+    for (size_t left = static_cast<size_t>(n); left > 0;) {
+      if (left >= rest[first].iov_len) {
+        left -= rest[first++].iov_len;
+      } else {
+        rest[first].iov_base = static_cast<uint8_t*>(rest[first].iov_base) + left;
+        rest[first].iov_len -= left;
+        left = 0;
+      }
+    }
+  }
+  done(static_cast<int>(got));
+}
+
 int Engine::open(const std::string& path, int flags, mode_t mode) {
   int fd;
   do {

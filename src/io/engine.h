@@ -45,6 +45,11 @@ class Engine {
                      Done done) = 0;
   /// Reads `len` bytes at `offset` (fewer at end of file); done(bytes read or -errno).
   virtual void read(int fd, void* buf, size_t len, uint64_t offset, int buf_index, Done done) = 0;
+  /// Reads into `iovcnt` (<= IOV_MAX) segments in turn from `offset`, like read(), but
+  /// synchronously: done() is called before it returns (`iov` need not outlive the call). For
+  /// reads through the page cache, which are copies, not waits: preadv(2) on the calling
+  /// thread, for every engine.
+  virtual void readv(int fd, const iovec* iov, int iovcnt, uint64_t offset, Done done);
 
   /// open(2): returns an fd or -errno.
   virtual int open(const std::string& path, int flags, mode_t mode);
@@ -71,6 +76,9 @@ class ForwardingEngine : public Engine {
   }
   void read(int fd, void* buf, size_t len, uint64_t offset, int buf_index, Done done) override {
     target_->read(fd, buf, len, offset, buf_index, std::move(done));
+  }
+  void readv(int fd, const iovec* iov, int iovcnt, uint64_t offset, Done done) override {
+    target_->readv(fd, iov, iovcnt, offset, std::move(done));
   }
   int open(const std::string& path, int flags, mode_t mode) override {
     return target_->open(path, flags, mode);

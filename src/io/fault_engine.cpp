@@ -15,6 +15,12 @@ void FaultInjectingEngine::read(int fd, void* buf, size_t len, uint64_t offset, 
   ForwardingEngine::read(fd, buf, len, offset, buf_index, std::move(done));
 }
 
+void FaultInjectingEngine::readv(int fd, const iovec* iov, int iovcnt, uint64_t offset,
+                                 Done done) {
+  if (hit(reads_, faults_.fail_read)) return done(-faults_.error);  // counted as reads
+  ForwardingEngine::readv(fd, iov, iovcnt, offset, std::move(done));
+}
+
 int FaultInjectingEngine::open(const std::string& path, int flags, mode_t mode) {
   if (hit(opens_, faults_.fail_open)) return -faults_.error;
   return ForwardingEngine::open(path, flags, mode);

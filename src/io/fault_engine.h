@@ -32,6 +32,7 @@ class FaultInjectingEngine final : public ForwardingEngine {
   void write(int fd, const void* buf, size_t len, uint64_t offset, int buf_index,
              Done done) override;
   void read(int fd, void* buf, size_t len, uint64_t offset, int buf_index, Done done) override;
+  void readv(int fd, const iovec* iov, int iovcnt, uint64_t offset, Done done) override;
   int open(const std::string& path, int flags, mode_t mode) override;
   int fsync(int fd) override;
   int ftruncate(int fd, uint64_t size) override;
