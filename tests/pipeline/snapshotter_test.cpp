@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -20,6 +21,7 @@
 #include "tsnap/catalog.h"
 #include "tsnap/error.h"
 #include "tsnap/load.h"
+#include "tsnap/manifest.h"
 
 namespace tsnap {
 namespace {
@@ -399,6 +401,30 @@ TEST(Snapshotter, PoolIsReusedAcrossSaves) {
   SaveHandle h = snap.save_async("b", sd);
   h.wait();
   EXPECT_EQ(h.stats().buffers_reused, h.stats().chunks);
+}
+
+// Saves of a state alike reuse the layout planned for the first (plan::Layout::previous),
+// with their own tensors and id: each loads as saved (a shard whose header kept another
+// save's id is refused), and a state whose shapes change in between is planned anew.
+TEST(Snapshotter, SavesOfAStateAlikeAreExactWithTheirOwnIds) {
+  TempDir dir;
+  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 8 << 20, .chunk_bytes = 1 << 20});
+  StateDict sd = big_state(5, 100000, 11);
+  StateDict other = big_state(4, 70000, 12);
+  std::vector<std::pair<std::string, StateDict>> saved;
+  for (const std::string name : {"a", "b", "c", "d", "e"}) {
+    const StateDict& state = name == "c" ? other : sd;
+    snap.save_async(name, state, {}, {.num_shards = 2}).wait();
+    saved.emplace_back(name, clone(state));
+    for (auto& [k, e] : sd) e.tensor.add_(1);  // training moves on
+  }
+  std::set<std::string> ids;
+  for (const auto& [name, state] : saved) {
+    expect_equal(state, load(dir / name));
+    EXPECT_TRUE(verify(dir / name).empty()) << name;
+    ids.insert(read_manifest(dir / name).id);
+  }
+  EXPECT_EQ(ids.size(), saved.size());
 }
 
 TEST(Snapshotter, InvalidNamesAndOptions) {
