@@ -320,7 +320,7 @@ std::optional<Plan> reuse(const Plan& previous, const std::vector<Item>& items,
     const at::Tensor& src = it.entry->tensor;
     if (t.name != *it.key || t.dtype != it.dtype || t.source_dtype != src.scalar_type() ||
         !std::equal(t.shape.begin(), t.shape.end(), src.sizes().begin(), src.sizes().end()) ||
-        t.shard != it.entry->shard) {
+        !(t.shard == it.entry->shard)) {
       return std::nullopt;
     }
   }
