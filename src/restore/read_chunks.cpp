@@ -119,14 +119,15 @@ std::vector<size_t> in_place_pieces(const ChunkRead& c, const std::vector<Target
 
 // Calls fn(pointer, length) for the bytes of chunk `c` in order: the pieces `direct` (from
 // in_place_pieces) in their targets, the rest in `buf` at their offset in the chunk.
-template <typename Fn>
-void for_each_segment(const ChunkRead& c, const std::vector<size_t>& direct, uint8_t* buf,
+// `Byte` is uint8_t to read into them, const uint8_t to hash them.
+template <typename Byte, typename Fn>
+void for_each_segment(const ChunkRead& c, const std::vector<size_t>& direct, Byte* buf,
                       const std::vector<Target>& targets, Fn&& fn) {
   uint64_t at = 0;
   for (size_t i : direct) {
     const Piece& p = c.pieces[i];
     if (p.chunk_off > at) fn(buf + at, p.chunk_off - at);
-    fn(static_cast<uint8_t*>(targets[p.target].data) + p.dest_off, p.len);
+    fn(static_cast<Byte*>(targets[p.target].data) + p.dest_off, p.len);
     at = p.chunk_off + p.len;
   }
   if (c.length > at) fn(buf + at, c.length - at);
@@ -367,7 +368,7 @@ class Reads {
   void hash_and_scatter(const Completion& d, format::Hash64Stream& hash) {
     const ChunkRead& c = plan_.chunks[d.job];
     if (const std::vector<size_t>* direct = source_.in_place(d.job)) {
-      uint8_t* buf = const_cast<uint8_t*>(source_.data(d.job, d.buf));
+      const uint8_t* buf = source_.data(d.job, d.buf);
       scatter(c, buf, 0, c.length, targets_, written_, /*converted_only=*/true);
       if (!options_.verify) return;
       hash.reset();
