@@ -317,49 +317,60 @@ def test_cli_accepts_the_snapshot(tmp_path):
 # Several ranks: Gloo on CPU, processes spawned here.
 
 WORKER = textwrap.dedent("""
-    import os, sys, torch, torch.distributed as dist
+    import sys, torch, torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import distribute_tensor, Shard, Replicate
     import tsnap, tsnap.dcp
 
     rank, world, port, path, mode = (int(sys.argv[1]), int(sys.argv[2]), sys.argv[3],
-                                     sys.argv[4], sys.argv[5])
+                                      sys.argv[4], sys.argv[5])
     dist.init_process_group("gloo", rank=rank, world_size=world,
                             init_method=f"tcp://127.0.0.1:{port}")
     mesh = init_device_mesh("cpu", (world,))
+    # 2-D meshes: (world, 1) to save, (1, world) to load.
+    grid = init_device_mesh("cpu", (world, 1) if mode == "save" else (1, world),
+                            mesh_dim_names=("a", "b"))
 
     def full():
         g = torch.Generator().manual_seed(0)
         return {"row": torch.randn(8, 6, generator=g), "col": torch.randn(5, 12, generator=g),
                 "uneven": torch.randn(7, 3, generator=g), "rep": torch.randn(4, generator=g),
                 "plain": torch.arange(10, dtype=torch.int64),
-                "moment": torch.randn(9, 4, generator=g).to(torch.bfloat16)}
+                "moment": torch.randn(9, 4, generator=g).to(torch.bfloat16),
+                "grid": torch.randn(6, 10, generator=g), "tiny": torch.randn(1, 5, generator=g)}
 
     SAVE = {"row": [Shard(0)], "col": [Shard(1)], "uneven": [Shard(0)], "rep": [Replicate()],
-            "moment": [Shard(0)]}
+            "moment": [Shard(0)], "grid": [Shard(0), Shard(1)], "tiny": [Shard(0)]}
     LOAD = {"row": [Shard(1)], "col": [Shard(0)], "uneven": [Replicate()], "rep": [Shard(0)],
-            "moment": [Shard(1)]}
+            "moment": [Shard(1)], "grid": [Shard(0), Shard(1)], "tiny": [Shard(1)]}
 
     def state(placements, zero):
         out = {}
         for k, t in full().items():
             t = torch.zeros_like(t) if zero else t
-            out[k] = distribute_tensor(t, mesh, placements[k]) if k in placements else t
+            m = grid if k == "grid" else mesh
+            out[k] = distribute_tensor(t, m, placements[k]) if k in placements else t
         return {"model": out, "step": 0 if zero else 42}
 
     if mode == "save":
         dcp.save(state(SAVE, False), storage_writer=tsnap.dcp.StorageWriter(path))
+        live = state(SAVE, False)
+        fut = dcp.async_save(live, storage_writer=tsnap.dcp.StorageWriter(path + "-async"))
+        for t in live["model"].values():  # training goes on: the snapshot keeps the old values
+            (t.to_local() if hasattr(t, "to_local") else t).add_(1)
+        getattr(fut, "upload_completion", fut).result(timeout=120)
     else:
-        dest = state(LOAD, True)
-        dcp.load(dest, storage_reader=tsnap.dcp.StorageReader(path))
-        want = state(LOAD, False)
-        assert dest["step"] == 42, dest["step"]
-        for k, t in want["model"].items():
-            got = dest["model"][k]
-            a = t.to_local() if hasattr(t, "to_local") else t
-            b = got.to_local() if hasattr(got, "to_local") else got
-            assert a.dtype == b.dtype and torch.equal(a, b), (rank, k)
+        for p in (path, path + "-async"):
+            dest = state(LOAD, True)
+            dcp.load(dest, storage_reader=tsnap.dcp.StorageReader(p))
+            want = state(LOAD, False)
+            assert dest["step"] == 42, dest["step"]
+            for k, t in want["model"].items():
+                got = dest["model"][k]
+                a = t.to_local() if hasattr(t, "to_local") else t
+                b = got.to_local() if hasattr(got, "to_local") else got
+                assert a.dtype == b.dtype and torch.equal(a, b), (rank, p, k)
     dist.barrier()
     dist.destroy_process_group()
     print("RANK_OK", rank)
@@ -400,11 +411,12 @@ def full_state():
     return {"row": torch.randn(8, 6, generator=g), "col": torch.randn(5, 12, generator=g),
             "uneven": torch.randn(7, 3, generator=g), "rep": torch.randn(4, generator=g),
             "plain": torch.arange(10, dtype=torch.int64),
-            "moment": torch.randn(9, 4, generator=g).to(torch.bfloat16)}
+            "moment": torch.randn(9, 4, generator=g).to(torch.bfloat16),
+            "grid": torch.randn(6, 10, generator=g), "tiny": torch.randn(1, 5, generator=g)}
 
 
 @pytest.mark.dist
-def test_two_ranks_save_dtensors_and_load_on_one_and_two(tmp_path):
+def test_two_ranks_save_and_async_save_dtensors_then_load_on_one_and_two(tmp_path):
     if not hasattr(tsnap, "DistGroup"):
         pytest.skip("this build of tsnap has no tsnap.DistGroup")
     path = tmp_path / "ckpt" / "s"
@@ -417,17 +429,19 @@ def test_two_ranks_save_dtensors_and_load_on_one_and_two(tmp_path):
     assert "pieces" not in manifest["tensors"]["model.rep"] or len(
         manifest["tensors"]["model.rep"]["pieces"]) == 1
 
-    # One process, no process group: full tensors.
+    # One process, no process group: full tensors, from both saves.
     want = full_state()
-    dest = {"model": {k: torch.zeros_like(v) for k, v in want.items()}, "step": 0}
-    dcp.load(dest, storage_reader=tsnap.dcp.StorageReader(path))
-    assert dest["step"] == 42
-    for k, t in want.items():
-        assert bits_equal(t, dest["model"][k]), k
-    # And tsnap's own load assembles the pieces.
-    flat = tsnap.load(path, flat=True)
-    for k, t in want.items():
-        assert bits_equal(t, flat[f"model.{k}"]), k
+    for p in (path, str(path) + "-async"):
+        assert tsnap.verify(p) == []
+        dest = {"model": {k: torch.zeros_like(v) for k, v in want.items()}, "step": 0}
+        dcp.load(dest, storage_reader=tsnap.dcp.StorageReader(p))
+        assert dest["step"] == 42
+        for k, t in want.items():
+            assert bits_equal(t, dest["model"][k]), (p, k)
+        # And tsnap's own load assembles the pieces.
+        flat = tsnap.load(p, flat=True)
+        for k, t in want.items():
+            assert bits_equal(t, flat[f"model.{k}"]), (p, k)
 
     # Two ranks again, every tensor sharded another way.
     run_ranks(tmp_path, 2, path, "load")

@@ -526,13 +526,8 @@ class StorageReader(_dcp_storage.StorageReader):
         return plans
 
     def read_data(self, plan, planner):
-        tensor_items = []
-        for req in plan.items:
-            if req.type == LoadItemType.BYTE_IO:
-                self._read_bytes(req, planner)
-            else:
-                tensor_items.append(req)
-        self._read_tensors(tensor_items, planner)
+        self._read_bytes([r for r in plan.items if r.type == LoadItemType.BYTE_IO], planner)
+        self._read_tensors([r for r in plan.items if r.type != LoadItemType.BYTE_IO], planner)
         fut = Future()
         fut.set_result(None)
         return fut
@@ -558,12 +553,18 @@ class StorageReader(_dcp_storage.StorageReader):
             raise _invalid(f"'{key}' is not in the snapshot {self._path}",
                            "key_not_found") from None
 
-    def _read_bytes(self, req, planner):
-        key = req.storage_index.fqn
-        rec = self._pieces(key)[0]
-        buf = torch.empty(rec["shape"], dtype=_DTYPES[rec["dtype"]])
-        _load_boxes(self._path, {key: (buf, None)}, self._verify)
-        planner.load_bytes(req, io.BytesIO(buf.numpy().tobytes()))
+    def _read_bytes(self, items, planner):
+        buffers = {}
+        for req in items:
+            key = req.storage_index.fqn
+            if key not in buffers:
+                rec = self._pieces(key)[0]
+                buffers[key] = (torch.empty(rec["shape"], dtype=_DTYPES[rec["dtype"]]), None)
+        if buffers:
+            _load_boxes(self._path, buffers, self._verify)
+        for req in items:
+            raw = buffers[req.storage_index.fqn][0].numpy().tobytes()
+            planner.load_bytes(req, io.BytesIO(raw))
 
     def _read_tensors(self, items, planner):
         # One load per round; a round reads at most one box of each key (tsnap's loads take
