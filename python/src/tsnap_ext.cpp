@@ -13,6 +13,7 @@
 /// callbacks into Python run on the training thread, holding the GIL again for their duration.
 
 #include <torch/csrc/Dtype.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/extension.h>
 
 #include <chrono>
@@ -26,6 +27,7 @@
 
 #include "tsnap/catalog.h"
 #include "tsnap/checkpoint.h"
+#include "tsnap/dist_group.h"
 #include "tsnap/error.h"
 #include "tsnap/hot_snapshot.h"
 #include "tsnap/load.h"
@@ -107,10 +109,41 @@ json to_json(const std::string& text, const char* what) {
   return value;
 }
 
-tsnap::StateDict to_state(const std::map<std::string, at::Tensor>& tensors) {
+// Where a key's tensor sits in its global tensor: (global shape, offsets), for the pieces of
+// sharded state (DTensor shards); keys without one are whole tensors.
+using Shards = std::map<std::string, std::pair<std::vector<int64_t>, std::vector<int64_t>>>;
+
+tsnap::StateDict to_state(const std::map<std::string, at::Tensor>& tensors,
+                          const Shards& shards = {}) {
   tsnap::StateDict state;
-  for (const auto& [key, tensor] : tensors) state.insert(key, tensor);
+  for (const auto& [key, tensor] : tensors) {
+    std::optional<tsnap::ShardSpec> shard;
+    if (const auto it = shards.find(key); it != shards.end()) {
+      shard = tsnap::ShardSpec{it->second.first, it->second.second};
+    }
+    state.insert(key, tensor, std::nullopt, std::move(shard));
+  }
+  for (const auto& [key, spec] : shards) {
+    if (tensors.count(key) == 0) {
+      throw tsnap::InvalidArgument(tsnap::ErrorCode::kInvalidArgument,
+                                   "shard spec for '" + key + "', which has no tensor");
+    }
+  }
   return state;
+}
+
+// The c10d Store behind a torch.distributed.Store object. torch registers Store with pybind11
+// and an intrusive_ptr holder; the cast works because this module shares pybind11's internals
+// with torch._C (same pybind11 headers and ABI id: python/CMakeLists.txt).
+c10::intrusive_ptr<c10d::Store> to_store(const py::object& store) {
+  try {
+    return store.cast<c10::intrusive_ptr<c10d::Store>>();
+  } catch (const py::cast_error&) {
+    throw tsnap::InvalidArgument(
+        tsnap::ErrorCode::kInvalidArgument,
+        std::string("store must be a torch.distributed.Store (TCPStore, PrefixStore, ...), not ") +
+            Py_TYPE(store.ptr())->tp_name);
+  }
 }
 
 py::dict to_dict(const tsnap::StateDict& state) {
@@ -266,7 +299,9 @@ class PyPeriodic {
     py::gil_scoped_acquire acquire;
     py::tuple made = make_state_();
     tsnap::Checkpoint checkpoint;
-    checkpoint.state() = to_state(made[0].cast<std::map<std::string, at::Tensor>>());
+    // (tensors, metadata) or (tensors, metadata, shards): pieces of DTensors (tsnap/_dist.py).
+    checkpoint.state() = to_state(made[0].cast<std::map<std::string, at::Tensor>>(),
+                                  made.size() > 2 ? made[2].cast<Shards>() : Shards{});
     checkpoint.metadata() = to_json(made[1].cast<std::string>(), "metadata");
     return checkpoint;
   }
@@ -361,13 +396,30 @@ PYBIND11_MODULE(_C, m) {
                              })
       .def_property_readonly("path", [](const tsnap::SaveHandle& h) { return h.path().string(); });
 
+  // Held by shared_ptr: the Snapshotters made with it share it (SnapshotterOptions::group).
+  py::class_<tsnap::DistGroup, std::shared_ptr<tsnap::DistGroup>>(m, "DistGroup")
+      .def(py::init([](const py::object& store, int rank, int world_size, double timeout,
+                       const std::string& prefix) {
+             tsnap::DistOptions options;
+             options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000));
+             options.prefix = prefix;
+             c10::intrusive_ptr<c10d::Store> s = to_store(store);
+             py::gil_scoped_release release;  // waits for rank 0 to publish the group's id
+             return std::make_shared<tsnap::DistGroup>(std::move(s), rank, world_size,
+                                                       std::move(options));
+           }),
+           py::arg("store"), py::arg("rank"), py::arg("world_size"), py::arg("timeout"),
+           py::arg("prefix"))
+      .def_property_readonly("rank", &tsnap::DistGroup::rank)
+      .def_property_readonly("world_size", &tsnap::DistGroup::world_size);
+
   py::class_<PySnapshotter>(m, "Snapshotter")
       .def(py::init([](const std::string& root, uint64_t staging_budget, uint64_t chunk_bytes,
                        int stage_threads, int io_threads, unsigned queue_depth,
                        const std::string& engine, bool direct_io, int max_in_flight,
                        bool fail_fast, bool incremental, bool keep_hot,
                        const std::string& durable_root, uint64_t drain_bytes_per_second,
-                       int local_keep_last) {
+                       int local_keep_last, const py::object& group) {
              tsnap::SnapshotterOptions options;
              options.root = root;
              options.staging_budget_bytes = staging_budget;
@@ -385,6 +437,7 @@ PYBIND11_MODULE(_C, m) {
              options.durable_root = durable_root;
              options.drain_bytes_per_second = drain_bytes_per_second;
              options.local_keep_last = local_keep_last;
+             if (!group.is_none()) options.group = group.cast<std::shared_ptr<tsnap::DistGroup>>();
              auto out = std::make_unique<PySnapshotter>();
              py::gil_scoped_release release;
              out->snapshotter = std::make_unique<tsnap::Snapshotter>(std::move(options));
@@ -394,13 +447,14 @@ PYBIND11_MODULE(_C, m) {
            py::arg("stage_threads"), py::arg("io_threads"), py::arg("queue_depth"),
            py::arg("engine"), py::arg("direct_io"), py::arg("max_in_flight"), py::arg("fail_fast"),
            py::arg("incremental"), py::arg("keep_hot"), py::arg("durable_root"),
-           py::arg("drain_bytes_per_second"), py::arg("local_keep_last"))
+           py::arg("drain_bytes_per_second"), py::arg("local_keep_last"),
+           py::arg("group") = py::none())
       .def("save_async",
            [](PySnapshotter& self, const std::string& name,
               const std::map<std::string, at::Tensor>& tensors, const std::string& metadata,
               const py::object& dtype, const std::string& staging, bool overwrite, int num_shards,
-              uint64_t chunk_bytes, const py::object& incremental) {
-             const tsnap::StateDict state = to_state(tensors);
+              uint64_t chunk_bytes, const py::object& incremental, const Shards& shards) {
+             const tsnap::StateDict state = to_state(tensors, shards);
              const json meta = to_json(metadata, "metadata");
              tsnap::SaveOptions options =
                  save_options(dtype, staging, overwrite, num_shards, chunk_bytes);
@@ -408,7 +462,10 @@ PYBIND11_MODULE(_C, m) {
              tsnap::Snapshotter& snap = self.get();
              py::gil_scoped_release release;
              return snap.save_async(name, state, meta, options);
-           })
+           },
+           py::arg("name"), py::arg("tensors"), py::arg("metadata"), py::arg("dtype"),
+           py::arg("staging"), py::arg("overwrite"), py::arg("num_shards"), py::arg("chunk_bytes"),
+           py::arg("incremental"), py::arg("shards") = Shards{})
       .def("wait_all",
            [](PySnapshotter& self) {
              tsnap::Snapshotter& snap = self.get();
@@ -454,13 +511,16 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("save",
         [](const std::string& path, const std::map<std::string, at::Tensor>& tensors,
-           const std::string& metadata, const py::object& dtype, bool overwrite, int num_shards) {
-          const tsnap::StateDict state = to_state(tensors);
+           const std::string& metadata, const py::object& dtype, bool overwrite, int num_shards,
+           const Shards& shards) {
+          const tsnap::StateDict state = to_state(tensors, shards);
           const json meta = to_json(metadata, "metadata");
           const tsnap::SaveOptions options = save_options(dtype, "eager", overwrite, num_shards, 0);
           py::gil_scoped_release release;
           return tsnap::save(path, state, meta, options);
-        });
+        },
+        py::arg("path"), py::arg("tensors"), py::arg("metadata"), py::arg("dtype"),
+        py::arg("overwrite"), py::arg("num_shards"), py::arg("shards") = Shards{});
 
   m.def("load", [](const std::string& path, std::vector<std::string> include,
                    std::vector<std::string> exclude, bool verify, const std::string& key_prefix,
@@ -478,12 +538,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("load_into", [](const std::string& path, const std::map<std::string, at::Tensor>& dest,
                         std::vector<std::string> include, std::vector<std::string> exclude,
                         bool verify, const std::string& key_prefix, bool allow_unmatched,
-                        bool require_every_key, bool atomic) {
+                        bool require_every_key, bool atomic, const Shards& shards) {
     tsnap::LoadOptions options =
         load_options(std::move(include), std::move(exclude), verify, key_prefix, allow_unmatched);
     options.require_every_key = require_every_key;
     options.atomic = atomic;
-    tsnap::StateDict state = to_state(dest);
+    tsnap::StateDict state = to_state(dest, shards);
     tsnap::LoadReport report;
     {
       py::gil_scoped_release release;
@@ -496,7 +556,10 @@ PYBIND11_MODULE(_C, m) {
     out["engine"] = report.engine;
     out["seconds"] = report.seconds;
     return out;
-  });
+  },
+  py::arg("path"), py::arg("dest"), py::arg("include"), py::arg("exclude"), py::arg("verify"),
+  py::arg("key_prefix"), py::arg("allow_unmatched"), py::arg("require_every_key"),
+  py::arg("atomic"), py::arg("shards") = Shards{});
 
   m.def("metadata", [](const std::string& path) {
     json metadata;
