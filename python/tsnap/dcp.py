@@ -131,7 +131,7 @@ _default_group = None
 def _default_dist_group(world_size):
     """The process's tsnap.DistGroup over the default torch.distributed group's store."""
     global _default_group
-    rank, world = _dist_world()
+    _, world = _dist_world()
     if world != world_size:
         raise _invalid(
             f"DCP saves on {world_size} ranks but the default process group has {world}: "
