@@ -28,6 +28,7 @@ from ._api import (  # noqa: E402
     SaveHandle, Snapshotter, latest, load, load_into, metadata, save, verify)
 from ._optim import load_optimizer_state_dict, optimizer_state_dict  # noqa: E402
 from .periodic import PeriodicSnapshots  # noqa: E402
+from ._dist import DistGroup  # noqa: E402
 
 Error = _C.Error
 IoError = _C.IoError
@@ -37,7 +38,7 @@ SaveStats = _C.SaveStats
 
 __version__ = _build_info.TSNAP_VERSION
 __all__ = [
-    "Error", "FormatError", "InvalidArgument", "IoError", "PeriodicSnapshots", "SaveHandle",
-    "SaveStats", "Snapshotter", "latest", "load", "load_into", "load_optimizer_state_dict",
+    "DistGroup", "Error", "FormatError", "InvalidArgument", "IoError", "PeriodicSnapshots",
+    "SaveHandle", "SaveStats", "Snapshotter", "latest", "load", "load_into", "load_optimizer_state_dict",
     "metadata", "optimizer_state_dict", "save", "verify",
 ]

@@ -3,7 +3,7 @@
 import json
 import os
 
-from . import _C
+from . import _C, _dist
 from ._tree import TREE_KEY, flatten, unflatten
 
 # The metadata key of the C++ checkpoint's own record (tsnap::kCheckpointInfoKey).
@@ -93,12 +93,18 @@ class Snapshotter:
     ``load_hot()``), ``durable_root`` (a second, slower directory that a background drain copies
     each committed snapshot to, at most ``drain_bytes_per_second``, keeping the newest
     ``local_keep_last`` under ``root``).
+
+    ``group`` (a ``tsnap.DistGroup``) makes every save a distributed one: each rank of the
+    group makes a Snapshotter on the same root (a filesystem they share) and calls
+    ``save_async`` with the same names in the same order; each writes its pieces of DTensors
+    and its share of the replicated tensors, rank 0 commits, and every rank's handle completes
+    with the same outcome.
     """
 
     def __init__(self, root, staging_budget=0, *, chunk_bytes=16 << 20, stage_threads=0,
                  io_threads=4, queue_depth=32, engine="auto", direct_io=True, max_in_flight=2,
                  when_busy="wait", incremental=False, keep_hot=False, durable_root=None,
-                 drain_bytes_per_second=0, local_keep_last=2):
+                 drain_bytes_per_second=0, local_keep_last=2, group=None):
         if when_busy not in ("wait", "fail"):
             raise ValueError(f"tsnap: when_busy must be 'wait' or 'fail', not {when_busy!r}")
         self._s = _C.Snapshotter(_fspath(root), int(staging_budget), int(chunk_bytes),
@@ -106,7 +112,9 @@ class Snapshotter:
                                  bool(direct_io), int(max_in_flight), when_busy == "fail",
                                  bool(incremental), bool(keep_hot),
                                  _fspath(durable_root) if durable_root is not None else "",
-                                 int(drain_bytes_per_second), int(local_keep_last))
+                                 int(drain_bytes_per_second), int(local_keep_last),
+                                 _group_of(group))
+        self._group = group
 
     def save_async(self, name, state, metadata=None, dtype=None, staging="eager", *,
                    overwrite=False, num_shards=0, chunk_bytes=0, incremental=None):
@@ -122,9 +130,10 @@ class Snapshotter:
         snapshot (unless ``overwrite``), or a save of the same name still in flight.
         """
         tensors, meta = _saved_metadata(state, metadata)
+        tensors, shards = _dist.to_pieces(tensors, self._group)
         return SaveHandle(self._s.save_async(name, tensors, meta, dtype, staging,
                                              bool(overwrite), int(num_shards), int(chunk_bytes),
-                                             incremental))
+                                             incremental, shards))
 
     def load_hot(self, include=None, exclude=None, *, flat=False):
         """The last committed snapshot from memory (``keep_hot=True``), as ``load`` returns it
@@ -157,6 +166,11 @@ class Snapshotter:
         return self._s.root
 
     @property
+    def group(self):
+        """The DistGroup of a distributed Snapshotter, else None."""
+        return self._group
+
+    @property
     def engine(self):
         """The write engine in use, e.g. 'io_uring+O_DIRECT'."""
         return self._s.engine
@@ -183,7 +197,16 @@ def save(path, state, metadata=None, dtype=None, *, overwrite=False, num_shards=
     Returns its SaveStats. Arguments as ``Snapshotter.save_async``.
     """
     tensors, meta = _saved_metadata(state, metadata)
-    return _C.save(_fspath(path), tensors, meta, dtype, bool(overwrite), int(num_shards))
+    tensors, shards = _dist.to_pieces(tensors, None)
+    return _C.save(_fspath(path), tensors, meta, dtype, bool(overwrite), int(num_shards), shards)
+
+
+def _group_of(group):
+    if group is None:
+        return None
+    if not isinstance(group, _dist.DistGroup):
+        raise TypeError(f"tsnap: group must be a tsnap.DistGroup, not {type(group).__name__}")
+    return group._g
 
 
 def _patterns(patterns):
@@ -222,10 +245,20 @@ def load_into(path, state, include=None, exclude=None, *, strict=False, verify=T
     written; with ``strict``, so do snapshot keys (selected by include/exclude) that the
     destination lacks. ``atomic`` reads and verifies everything before writing anything.
     Returns a dict: loaded, not_in_destination, bytes_read, engine, seconds.
+
+    ``DTensor`` values (``get_state_dict(model, optimizer)`` of an FSDP2 or tensor-parallel
+    model, ``distribute_tensor``) receive this rank's region of the saved global tensor,
+    whatever mesh, placements and world size saved it (or a single process): only the chunks
+    that overlap it are read. Destinations on a GPU or not contiguous are loaded through a CPU
+    buffer and copied in.
     """
     tensors, _ = flatten(state)
-    return _C.load_into(_fspath(path), tensors, _patterns(include), _patterns(exclude),
-                        bool(verify), "", bool(allow_unmatched), bool(strict), bool(atomic))
+    tensors, shards, copy_back = _dist.to_destinations(tensors)
+    report = _C.load_into(_fspath(path), tensors, _patterns(include), _patterns(exclude),
+                          bool(verify), "", bool(allow_unmatched), bool(strict), bool(atomic),
+                          shards)
+    _dist.finish_destinations(copy_back)
+    return report
 
 
 def metadata(path):

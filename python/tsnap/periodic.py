@@ -3,7 +3,8 @@
 import json
 
 from . import _C
-from ._api import _saved_metadata, _user_metadata
+from . import _dist
+from ._api import Snapshotter, _saved_metadata, _user_metadata, load_into, metadata
 from ._tree import TREE_KEY, unflatten
 
 
@@ -39,22 +40,42 @@ class PeriodicSnapshots:
     signal handlers (the previous ones are restored by ``close()``) and retention; every save
     starts on the training thread inside ``after_step`` (the only place ``make_state`` runs).
     The Snapshotter must stay open while the hook lives.
+
+    Across ranks: ``PeriodicSnapshots(root, make_state, group=tsnap.DistGroup(), ...)`` (or a
+    Snapshotter made with the group) on every rank, with the same schedule and the same steps
+    reported. Step-based snapshots are taken by every rank at the same steps; a time-based one
+    (rank 0's clock) or a signal on any rank is posted to the group for a step a little ahead,
+    which every rank takes, so a SIGTERM to one rank stops every rank after the same final
+    snapshot. ``make_state`` may return DTensors (``get_state_dict(model, optimizer)``); resume
+    them with ``resume(apply, into=...)``, which reads only each rank's region.
     """
 
     def __init__(self, snapshotter, make_state, *, every_steps=0, every_seconds=0.0,
                  on_signals=(), keep_last=0, keep_every_steps=0, dtype=None, staging="eager",
                  when_busy="skip", metadata=None, log=True, at_steps=(), continuous=False,
                  min_interval_seconds=0.0, max_overhead=0.0, keep_every_seconds=0.0,
-                 keep_best=0, best_metric="", best_mode="min", keep_without_metric=True):
+                 keep_best=0, best_metric="", best_mode="min", keep_without_metric=True,
+                 group=None):
         if when_busy not in ("skip", "wait"):
             raise ValueError(f"tsnap: when_busy must be 'skip' or 'wait', not {when_busy!r}")
+        self._own_snapshotter = None
+        if not isinstance(snapshotter, Snapshotter):
+            # A root: the hook makes (and closes) its own Snapshotter, with the group.
+            snapshotter = self._own_snapshotter = Snapshotter(snapshotter, group=group)
+        elif group is not None and group is not snapshotter.group:
+            raise _C.InvalidArgument(
+                "tsnap: PeriodicSnapshots' group must be its Snapshotter's (make the "
+                "Snapshotter with group=..., or give the hook a root instead)")
+        self.snapshotter = snapshotter
         self._make_state = make_state
         self._metadata = metadata
 
         def make():
             # A callable metadata is called at each save (e.g. for keep_best's metric).
             meta = self._metadata() if callable(self._metadata) else self._metadata
-            return _saved_metadata(self._make_state(), meta)
+            tensors, meta_text = _saved_metadata(self._make_state(), meta)
+            tensors, shards = _dist.to_pieces(tensors, snapshotter.group)
+            return tensors, meta_text, shards
 
         policies = {
             "at_steps": [int(s) for s in at_steps], "continuous": bool(continuous),
@@ -67,10 +88,25 @@ class PeriodicSnapshots:
             [int(s) for s in on_signals], int(keep_last), int(keep_every_steps), dtype, staging,
             when_busy == "wait", bool(log), json.dumps(policies))
 
-    def resume(self, apply):
+    def resume(self, apply, into=None):
         """Loads the newest valid snapshot (by step; corrupt ones are skipped), calls
         ``apply(state)`` with it (the structure ``make_state`` returned) and returns its step;
-        returns 0 without calling ``apply`` when there is none."""
+        returns 0 without calling ``apply`` when there is none.
+
+        ``into`` (a state, or a callable returning one, e.g. ``lambda: {"app":
+        get_state_dict(model, opt)}``) loads the newest snapshot in place into its tensors
+        (``tsnap.load_into``: DTensors get their own region, whatever mesh saved it) and
+        calls ``apply`` with that state; a snapshot that fails to load raises its error.
+        """
+        if into is not None:
+            path = self.snapshotter.latest()
+            if path is None:
+                return 0
+            state = into() if callable(into) else into
+            load_into(path, state)
+            self.resumed_metadata = metadata(path)
+            apply(state)
+            return int(self.resumed_metadata.get("step", 0))
 
         def on_checkpoint(tensors, meta_text):
             meta = json.loads(meta_text)
@@ -107,8 +143,11 @@ class PeriodicSnapshots:
         return self._h.stats()
 
     def close(self):
-        """Waits for the save in flight, stops the hook's thread, restores signal handlers."""
+        """Waits for the save in flight, stops the hook's thread, restores signal handlers
+        (and closes the Snapshotter the hook made, if given a root)."""
         self._h.close()
+        if self._own_snapshotter is not None:
+            self._own_snapshotter.close()
 
     def __enter__(self):
         return self
