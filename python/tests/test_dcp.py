@@ -100,6 +100,22 @@ def test_save_load_round_trip_is_bitwise(tmp_path):
     assert_same(expected, dest)
 
 
+def test_load_without_a_template_rebuilds_the_nesting(tmp_path):
+    # What DCP's dcp_to_torch_save does: the state is made from the metadata alone, nested by
+    # DCP's planner data, which the manifest keeps.
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+    saved = app_state(0)
+    dcp.save(saved, storage_writer=tsnap.dcp.StorageWriter(tmp_path / "s"))
+    out = {}
+    _load_state_dict(out, storage_reader=tsnap.dcp.StorageReader(tmp_path / "s"),
+                     planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    assert_same(saved["model"], out["model"])
+    assert_same(saved["extra"], out["extra"])
+    assert out["optim"]["param_groups"] == saved["optim"]["param_groups"]
+    assert bits_equal(saved["optim"]["state"][0]["exp_avg"], out["optim"]["state"]["0"]["exp_avg"])
+
+
 def test_load_into_a_model_and_optimizer(tmp_path):
     model, opt = trained(0)
     dcp.save({"model": model.state_dict(), "optim": opt.state_dict()},
@@ -268,7 +284,13 @@ def test_corrupt_snapshot_is_a_clear_error(tmp_path):
     failure = e.value.failures[0][0]
     assert isinstance(failure, tsnap.FormatError) and "hash" in str(failure), failure
 
-    # A snapshot without its manifest is not a snapshot.
+    # A manifest cut short is a tsnap.FormatError; one that is missing, an IoError.
+    manifest = (path / "MANIFEST.json").read_bytes()
+    (path / "MANIFEST.json").write_bytes(manifest[: len(manifest) // 2])
+    with pytest.raises(CheckpointException, match="MANIFEST.json"):
+        dcp.load(dest, storage_reader=tsnap.dcp.StorageReader(path))
+    with pytest.raises(tsnap.FormatError):
+        tsnap.dcp.StorageReader(path).read_metadata()
     (path / "MANIFEST.json").unlink()
     with pytest.raises(CheckpointException, match="MANIFEST.json"):
         dcp.load(dest, storage_reader=tsnap.dcp.StorageReader(path))
