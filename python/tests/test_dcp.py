@@ -209,6 +209,15 @@ def test_overwrite(tmp_path):
         dcp.save({"w": torch.zeros(3)},
                  storage_writer=tsnap.dcp.StorageWriter(tmp_path / "s", overwrite=False))
     assert torch.equal(tsnap.load(tmp_path / "s")["w"], torch.full((3,), 2.0))
+    # What is not a snapshot is never replaced: a checkpoint of DCP's own writer, say.
+    dcp.save({"w": torch.ones(3)}, storage_writer=dcp.FileSystemWriter(tmp_path / "d"))
+    before = sorted(os.listdir(tmp_path / "d"))
+    with pytest.raises(CheckpointException, match="not a tsnap snapshot"):
+        dcp.save({"w": torch.zeros(3)}, storage_writer=tsnap.dcp.StorageWriter(tmp_path / "d"))
+    assert sorted(os.listdir(tmp_path / "d")) == before
+    (tmp_path / "e").mkdir()  # an empty directory is fine
+    dcp.save({"w": torch.zeros(3)}, storage_writer=tsnap.dcp.StorageWriter(tmp_path / "e"))
+    assert tsnap.verify(tmp_path / "e") == []
 
 
 class _FailingPlanner(DefaultSavePlanner):

@@ -30,8 +30,7 @@ hashes, commit). On several ranks every rank writes its own items into the one s
 rank 0 commits it, through a ``tsnap.DistGroup`` over the ``torch.distributed`` store: tsnap
 runs no collective on the training's process group.
 
-What the adapter speeds up and what it cannot, compared with tsnap's own API
-(``tsnap.Snapshotter(root, group=...).save_async(name, state)``):
+What the adapter speeds up, and what it cannot:
 
 * It speeds up the storage part: DCP's default writer runs ``torch.save`` per item and writes
   through Python file objects from one thread; tsnap writes aligned chunks with io_uring and
@@ -42,8 +41,9 @@ What the adapter speeds up and what it cannot, compared with tsnap's own API
   DCP storage layer.
 * DCP's stager stays in front of it too: ``dcp.async_save`` first copies the whole state with
   its own stager (the training's stall), then runs the save in a thread, where tsnap copies the
-  staged tensors once more into its buffers. With tsnap's own ``save_async`` the one staging
-  copy is the stall (pooled, reused buffers, faulted in once, parallel copy threads).
+  staged tensors once more into its buffers. With tsnap's own API
+  (``tsnap.Snapshotter(root, group=...).save_async(name, state)``) the one staging copy is the
+  stall (pooled, reused buffers, faulted in once, parallel copy threads).
 * ``StorageWriter(path, async_commit=True)`` makes a plain ``dcp.save`` return once tsnap has
   staged the state, with the write and commit going on in the background (``writer.wait()``);
   this is closer to tsnap's own behaviour, without DCP's second copy.
@@ -210,7 +210,8 @@ class StorageWriter(_dcp_storage.StorageWriter):
         path: the snapshot directory to write.
         overwrite: replace an existing snapshot at ``path`` (atomically: the old one stays
             whole until the new one commits). True by default, like DCP's ``FileSystemWriter``;
-            False makes an existing snapshot an error.
+            False makes an existing snapshot an error. A path that holds anything else than a
+            tsnap snapshot or an empty directory is always an error.
         async_commit: make ``write_data`` (and so a plain ``dcp.save``) return once tsnap has
             staged the state, with writes and commit in the background; ``wait()`` blocks until
             committed and raises the save's error. Off by default (DCP's contract: the
@@ -258,7 +259,14 @@ class StorageWriter(_dcp_storage.StorageWriter):
                            "one snapshot together")
 
     def prepare_local_plan(self, plan):
-        # Found before anything is staged: a dtype the format cannot hold.
+        # Found before anything is staged: a path that holds something else than a snapshot
+        # (a checkpoint of DCP's own writer, a user's files), which an overwrite would replace.
+        if os.path.lexists(self._path) and not (
+                os.path.isdir(self._path) and (not os.listdir(self._path) or os.path.isfile(
+                    os.path.join(self._path, _MANIFEST)))):
+            raise _invalid(f"{self._path} exists and is not a tsnap snapshot: remove it or save "
+                           "elsewhere", "already_exists")
+        # And a dtype the format cannot hold.
         for item in plan.items:
             if item.tensor_data is not None:
                 dtype = item.tensor_data.properties.dtype
