@@ -383,6 +383,47 @@ WORKER = textwrap.dedent("""
             out[k] = distribute_tensor(t, m, placements[k]) if k in placements else t
         return {"model": out, "step": 0 if zero else 42}
 
+    # A tensor-parallel model and its AdamW state, as get_state_dict gives them (DTensors,
+    # optimizer state keyed by parameter name), one step into training.
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel, RowwiseParallel, parallelize_module)
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    def tp_model():
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        m = parallelize_module(m, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        return m, torch.optim.AdamW(m.parameters(), lr=0.01)
+
+    def full_of(sd):
+        if isinstance(sd, dict):
+            return {k: full_of(v) for k, v in sd.items()}
+        return sd.full_tensor() if hasattr(sd, "full_tensor") else sd
+
+    if mode == "save":
+        model, opt = tp_model()
+        x = torch.randn(5, 8, generator=torch.Generator().manual_seed(1))
+        model(x).square().mean().backward()
+        opt.step()
+        msd, osd = get_state_dict(model, opt)
+        dcp.save({"model": msd, "optim": osd}, storage_writer=tsnap.dcp.StorageWriter(path + "-tp"))
+        ref = {"model": full_of(msd), "optim": full_of(osd["state"])}
+        if rank == 0:
+            torch.save(ref, path + "-tp.ref.pt")
+    else:
+        model, opt = tp_model()
+        msd, osd = get_state_dict(model, opt)
+        sd = {"model": msd, "optim": osd}
+        dcp.load(sd, storage_reader=tsnap.dcp.StorageReader(path + "-tp"))
+        set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+        ref = torch.load(path + "-tp.ref.pt")
+        msd, osd = get_state_dict(model, opt)
+        for k, t in ref["model"].items():
+            assert torch.equal(full_of(msd[k]), t), (rank, k)
+        for k, st in ref["optim"].items():
+            for kk, t in st.items():
+                assert torch.equal(full_of(osd["state"][k][kk]), t), (rank, k, kk)
+
     if mode == "save":
         dcp.save(state(SAVE, False), storage_writer=tsnap.dcp.StorageWriter(path))
         live = state(SAVE, False)
@@ -472,6 +513,24 @@ def test_two_ranks_save_and_async_save_dtensors_then_load_on_one_and_two(tmp_pat
         flat = tsnap.load(p, flat=True)
         for k, t in want.items():
             assert bits_equal(t, flat[f"model.{k}"]), (p, k)
+
+    # The tensor-parallel model and its optimizer, into a plain model in one process.
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    msd, osd = get_state_dict(model, opt)
+    sd = {"model": msd, "optim": osd}
+    dcp.load(sd, storage_reader=tsnap.dcp.StorageReader(str(path) + "-tp"))
+    set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+    ref = torch.load(str(path) + "-tp.ref.pt")
+    msd, osd = get_state_dict(model, opt)
+    assert set(ref["model"]) == set(msd) and set(ref["optim"]) == set(osd["state"])
+    for k, t in ref["model"].items():
+        assert bits_equal(t, msd[k]), k
+    for k, st in ref["optim"].items():
+        for kk, t in st.items():
+            assert bits_equal(t, osd["state"][k][kk]), (k, kk)
 
     # Two ranks again, every tensor sharded another way.
     run_ranks(tmp_path, 2, path, "load")
