@@ -432,7 +432,7 @@ WORKER = textwrap.dedent("""
             (t.to_local() if hasattr(t, "to_local") else t).add_(1)
         getattr(fut, "upload_completion", fut).result(timeout=120)
     else:
-        for p in (path, path + "-async"):
+        for p in (path, path + "-async", path + "-one"):
             dest = state(LOAD, True)
             dcp.load(dest, storage_reader=tsnap.dcp.StorageReader(p))
             want = state(LOAD, False)
@@ -532,5 +532,8 @@ def test_two_ranks_save_and_async_save_dtensors_then_load_on_one_and_two(tmp_pat
         for kk, t in st.items():
             assert bits_equal(t, osd["state"][k][kk]), (k, kk)
 
-    # Two ranks again, every tensor sharded another way.
+    # Two ranks again, every tensor sharded another way; and a snapshot saved by one process
+    # (whole tensors) into the ranks' shards.
+    dcp.save({"model": full_state(), "step": 42},
+             storage_writer=tsnap.dcp.StorageWriter(str(path) + "-one"))
     run_ranks(tmp_path, 2, path, "load")

@@ -139,7 +139,9 @@ def _default_dist_group(world_size):
             "StorageWriter(..., group=tsnap.DistGroup(...)) for the same ranks")
     with _lock:
         if _default_group is None:
-            _default_group = _dist.DistGroup()
+            # A fixed prefix: the group may be made on DCP's background thread, in an order
+            # with the user's own groups that differs between ranks.
+            _default_group = _dist.DistGroup(prefix="tsnap/dcp")
         return _default_group
 
 
