@@ -400,6 +400,29 @@ WORKER = textwrap.dedent("""
             return {k: full_of(v) for k, v in sd.items()}
         return sd.full_tensor() if hasattr(sd, "full_tensor") else sd
 
+    if mode == "fail":
+        # Rank 1's planner fails while resolving its items, before tsnap has them: rank 0's save
+        # fails after the group's timeout, both ranks raise, nothing is committed.
+        from torch.distributed.checkpoint.api import CheckpointException
+        from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+
+        class Failing(DefaultSavePlanner):
+            def resolve_data(self, item):
+                if rank == 1:
+                    raise RuntimeError("injected failure")
+                return super().resolve_data(item)
+
+        group = tsnap.DistGroup(timeout=3.0, prefix="test/fail")
+        try:
+            dcp.save(state(SAVE, False), planner=Failing(),
+                     storage_writer=tsnap.dcp.StorageWriter(path, group=group))
+        except CheckpointException as e:
+            print("FAILED_OK", rank, str(e).replace("\\n", " ")[-300:])
+        dist.barrier()
+        dist.destroy_process_group()
+        print("RANK_OK", rank)
+        sys.exit(0)
+
     if mode == "save":
         model, opt = tp_model()
         x = torch.randn(5, 8, generator=torch.Generator().manual_seed(1))
@@ -475,6 +498,7 @@ def run_ranks(tmp_path, world, path, mode, timeout=180):
                 p.wait()
     for r, (p, out) in enumerate(zip(procs, outs)):
         assert p.returncode == 0 and f"RANK_OK {r}" in out, f"rank {r}:\n{out[-4000:]}"
+    return outs
 
 
 def full_state():
@@ -537,3 +561,16 @@ def test_two_ranks_save_and_async_save_dtensors_then_load_on_one_and_two(tmp_pat
     dcp.save({"model": full_state(), "step": 42},
              storage_writer=tsnap.dcp.StorageWriter(str(path) + "-one"))
     run_ranks(tmp_path, 2, path, "load")
+
+
+@pytest.mark.dist
+def test_a_rank_that_fails_fails_the_save_on_every_rank(tmp_path):
+    if not hasattr(tsnap, "DistGroup"):
+        pytest.skip("this build of tsnap has no tsnap.DistGroup")
+    path = tmp_path / "ckpt" / "s"
+    start = time.monotonic()
+    outs = run_ranks(tmp_path, 2, path, "fail", timeout=120)
+    assert all(f"FAILED_OK {r}" in out for r, out in enumerate(outs)), outs
+    assert "injected failure" in outs[1]
+    assert not path.exists() and tsnap.latest(path.parent) is None
+    assert time.monotonic() - start < 100
