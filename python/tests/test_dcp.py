@@ -90,7 +90,7 @@ def test_save_load_round_trip_is_bitwise(tmp_path):
     assert meta["tsnap_dcp"]["planner_data"]["optim.state.0.exp_avg"] == [
         "optim", "state", "0", "exp_avg"]
     # Its tensors are plain tensors under DCP's names: tsnap's own load reads them.
-    flat = tsnap.load(path, flat=True)
+    flat = tsnap.load(path)
     assert bits_equal(flat["model.0.weight"], expected["model"]["0.weight"])
     assert flat["extra.step"].dtype == torch.uint8  # a non-tensor value: DCP's bytes
 
@@ -534,7 +534,7 @@ def test_two_ranks_save_and_async_save_dtensors_then_load_on_one_and_two(tmp_pat
         for k, t in want.items():
             assert bits_equal(t, dest["model"][k]), (p, k)
         # And tsnap's own load assembles the pieces.
-        flat = tsnap.load(p, flat=True)
+        flat = tsnap.load(p)
         for k, t in want.items():
             assert bits_equal(t, flat[f"model.{k}"]), (p, k)
 

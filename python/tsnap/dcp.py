@@ -431,9 +431,12 @@ def _bytes_tensor(value):
 def _save_pieces(snap, name, entries, shards, metadata, dtype, overwrite):
     """Starts saving ``entries`` ({key: tensor}), the keys of ``shards`` as pieces ({key:
     (global_shape, offsets)}); returns the tsnap.SaveHandle once every tensor is staged."""
-    tensors, meta = _api._saved_metadata(entries, metadata)
-    return _api.SaveHandle(snap._s.save_async(name, tensors, meta, dtype, "eager",
-                                              bool(overwrite), 0, 0, None, shards=shards))
+    # The keys are flat (DCP's names), so no structure record: tsnap.load returns them flat.
+    # (On several ranks each rank holds only its own keys, and rank 0's metadata is the one
+    # committed: a structure record would name rank 0's keys alone.)
+    return _api.SaveHandle(snap._s.save_async(name, entries, json.dumps(metadata), dtype,
+                                              "eager", bool(overwrite), 0, 0, None,
+                                              shards=shards))
 
 
 # ---------------------------------------------------------------------------------------------
