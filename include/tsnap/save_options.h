@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "tsnap/export.h"
 #include "tsnap/progress.h"
@@ -21,11 +23,32 @@ enum class Staging {
   kLazy,
 };
 
-/// Options of one save. Designated initialisers read well: `{.dtype = at::kBFloat16}`.
-struct TSNAP_API SaveOptions {
-  /// Store floating tensors (f64/f32/f16/bf16) as this dtype; integer and bool tensors keep
-  /// theirs. A per-entry `StateEntry::dtype` wins over this. Unset keeps every dtype.
+/// A per-key precision rule: keys that match `pattern` (a glob: `*`, `?`, `[...]`, as in
+/// include/exclude) are stored as `dtype`; an unset `dtype` keeps their own dtype.
+struct TSNAP_API DtypeRule {
+  std::string pattern;
   std::optional<at::ScalarType> dtype;
+};
+
+/// Options of one save. Designated initialisers read well: `{.dtype = at::kBFloat16}`.
+///
+/// The precision rule: conversion (`dtype`, `dtype_rules`) applies to what training means by
+/// weights and moments: floating tensors with at least one dimension. Counters and scalars keep
+/// their dtype whatever is asked: 0-d tensors (Adam's and AdamW's per-parameter `step`, a loss
+/// scale), any key whose last component is `step`, and integer and bool tensors. A bf16 `step`
+/// would stop counting at 256, and a resumed Adam would then use a frozen bias correction.
+/// Only an explicit per-entry `StateEntry::dtype` converts a scalar.
+struct TSNAP_API SaveOptions {
+  /// Store floating tensors (f64/f32/f16/bf16) as this dtype, under the precision rule above.
+  /// A matching `dtype_rules` entry or a per-entry `StateEntry::dtype` wins over this. Unset
+  /// keeps every dtype.
+  std::optional<at::ScalarType> dtype;
+  /// Per-key refinements of `dtype`, the first matching rule wins:
+  /// `{.dtype = at::kBFloat16, .dtype_rules = {{"*/exp_avg_sq", at::kFloat}}}` keeps Adam's
+  /// second moments in fp32. Keys are matched as they are saved (`optim/fc1.weight/exp_avg_sq`
+  /// in a Checkpoint). The precision rule holds for them too. Errors (at save_async):
+  /// InvalidArgument for a malformed pattern or a non-floating dtype.
+  std::vector<DtypeRule> dtype_rules;
   /// Replace an existing snapshot of the same name (atomically: a reader always sees either the
   /// old or the new one). Without it, saving onto an existing name throws kAlreadyExists.
   bool overwrite = false;

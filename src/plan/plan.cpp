@@ -8,6 +8,7 @@
 #include <numeric>
 #include <set>
 
+#include "common/glob.h"
 #include "common/shape.h"
 #include "format/dtype.h"
 #include "format/safetensors.h"
@@ -348,6 +349,12 @@ std::optional<Plan> reuse(const Plan& previous, const std::vector<Item>& items,
 
 }  // namespace
 
+bool is_counter(const std::string& key, const at::Tensor& t) {
+  if (t.dim() == 0) return true;
+  const size_t slash = key.find_last_of("/.");
+  return (slash == std::string::npos ? key : key.substr(slash + 1)) == "step";
+}
+
 at::ScalarType stored_dtype(const std::string& key, const StateEntry& entry,
                             const SaveOptions& options) {
   const at::ScalarType src = entry.tensor.scalar_type();
@@ -356,12 +363,26 @@ at::ScalarType stored_dtype(const std::string& key, const StateEntry& entry,
         ErrorCode::kInvalidArgument,
         "tensor '" + key + "' has dtype " + c10::toString(src) + ", which format v1 cannot store");
   }
-  std::optional<at::ScalarType> want = entry.dtype ? entry.dtype : options.dtype;
+  std::optional<at::ScalarType> want = entry.dtype;
+  const char* from = "its entry";
+  if (!want) {
+    // The precision rule (SaveOptions): counters and scalars keep their dtype.
+    if (is_counter(key, entry.tensor)) return src;
+    want = options.dtype;
+    from = "SaveOptions::dtype";
+    for (const DtypeRule& rule : options.dtype_rules) {
+      if (detail::glob_match(rule.pattern, key)) {
+        want = rule.dtype;
+        from = "a dtype rule";
+        break;
+      }
+    }
+  }
   if (!want || !format::is_floating(src)) return src;
   if (!format::is_floating(*want)) {
     throw_error(ErrorCode::kInvalidArgument,
                 "tensor '" + key + "': cannot store a floating tensor as " + c10::toString(*want) +
-                    " (choose f64, f32, f16 or bf16)");
+                    " (asked by " + from + "; choose f64, f32, f16 or bf16)");
   }
   return *want;
 }

@@ -131,8 +131,13 @@ struct Plan {
   bool reused = false;  ///< Made from Layout::previous.
 };
 
-/// The dtype `entry` is stored as under `options` (integer/bool tensors never convert).
-/// Throws InvalidArgument naming `key` for an unsupported dtype.
+/// Whether `key` holds a counter or a scalar, which `SaveOptions::dtype` and its rules never
+/// convert: a 0-d tensor, or a key whose last component ('/' or '.' separated) is `step`.
+bool is_counter(const std::string& key, const at::Tensor& t);
+
+/// The dtype `entry` is stored as under `options` and the precision rule (integer/bool tensors,
+/// counters and scalars never convert unless their entry asks). Throws InvalidArgument naming
+/// `key` for an unsupported dtype or a malformed rule pattern.
 at::ScalarType stored_dtype(const std::string& key, const StateEntry& entry,
                             const SaveOptions& options);
 

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "common/glob.h"
+#include "plan/plan.h"
 #include "state/apply.h"
 #include "tsnap/error.h"
 
@@ -82,7 +83,11 @@ StateDict build(std::vector<Named> named, const ModelStateOptions& options) {
   for (auto& n : named) {
     if (!n.tensor.defined() || !take.count(n.name) || (n.frozen && !options.frozen)) continue;
     std::optional<at::ScalarType> dtype;
-    if (options.dtype && at::isFloatingType(n.tensor.scalar_type())) dtype = options.dtype;
+    // The precision rule: counters and scalars (0-d buffers) keep their dtype.
+    if (options.dtype && at::isFloatingType(n.tensor.scalar_type()) &&
+        !plan::is_counter(n.name, n.tensor)) {
+      dtype = options.dtype;
+    }
     auto [piece, spec] = shard_piece(n.tensor, options.shard);
     state.insert(std::move(n.name), std::move(piece), dtype, std::move(spec));
   }

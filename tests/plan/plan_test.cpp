@@ -98,6 +98,36 @@ TEST(Plan, FloatingTensorsConvertIntegersNever) {
   }
 }
 
+// The precision rule: counters and scalars keep their dtype; per-key rules refine the dtype;
+// an entry's own dtype wins over both.
+TEST(Plan, CountersAndScalarsKeepTheirDtypeAndRulesRefineIt) {
+  StateDict sd;
+  sd.insert("optim/w/exp_avg", make_tensor(at::kFloat, {8}, 1));
+  sd.insert("optim/w/exp_avg_sq", make_tensor(at::kFloat, {8}, 2));
+  sd.insert("optim/w/step", at::full({}, 2049.0f));      // PyTorch's Adam: 0-d float
+  sd.insert("optim/v/step", at::full({1}, 2049.0f));     // a counter by its name
+  sd.insert("loss_scale", at::full({}, 65536.0f));       // a scalar
+  sd.insert("model/w", make_tensor(at::kFloat, {8}, 3));
+  sd.insert("model/keep", make_tensor(at::kFloat, {8}, 4));
+  sd.insert("forced", at::full({}, 3.0f), at::kHalf);     // asked by its entry
+  SaveOptions o;
+  o.dtype = at::kBFloat16;
+  o.dtype_rules = {{"*.exp_avg_sq", at::kFloat}, {"*/exp_avg_sq", at::kFloat},
+                   {"model/keep", std::nullopt}, {"*/step", at::kBFloat16}};
+  const std::map<std::string, at::ScalarType> want = {
+      {"optim/w/exp_avg", at::kBFloat16}, {"optim/w/exp_avg_sq", at::kFloat},
+      {"optim/w/step", at::kFloat},       {"optim/v/step", at::kFloat},
+      {"loss_scale", at::kFloat},         {"model/w", at::kBFloat16},
+      {"model/keep", at::kFloat},         {"forced", at::kHalf}};
+  for (const auto& [key, entry] : sd) {
+    EXPECT_EQ(stored_dtype(key, entry, o), want.at(key)) << key;
+  }
+  o.dtype_rules = {{"model/*", at::kInt}};
+  EXPECT_THROW(stored_dtype("model/w", sd.entry("model/w"), o), InvalidArgument);
+  o.dtype_rules = {{"model/[w", at::kHalf}};
+  EXPECT_THROW(stored_dtype("model/w", sd.entry("model/w"), o), InvalidArgument);
+}
+
 TEST(Plan, RefusesBadChunkSizesAndSparseTensorsNamingThem) {
   EXPECT_THROW(make_plan(sized_state(), {}, 1000, "x", 1), InvalidArgument);
   EXPECT_THROW(make_plan(sized_state(), {}, 0, "x", 1), InvalidArgument);

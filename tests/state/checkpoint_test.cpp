@@ -19,6 +19,7 @@
 #include "state/nets.h"
 #include "tsnap/error.h"
 #include "tsnap/manifest.h"
+#include "tsnap/optimizer_state.h"
 #include "tsnap/snapshotter.h"
 
 namespace tsnap {
@@ -130,6 +131,68 @@ TEST_P(Resume, Bf16SnapshotResumesWithinBf16Rounding) {
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, Resume, ::testing::ValuesIn(kOptimizers),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// The precision rule: a bf16 or fp16 snapshot of Adam/AdamW past step 2048 (where a 16-bit float
+// stops counting by ones) resumes with the exact step, and trains exactly as a resume from the
+// fp32 snapshot whose weights and moments were converted the same way.
+struct LowPrecisionCase {
+  const char* name;
+  at::ScalarType dtype;
+  bool adamw;
+};
+void PrintTo(const LowPrecisionCase& c, std::ostream* out) { *out << c.name; }
+
+class LowPrecisionResume : public ::testing::TestWithParam<LowPrecisionCase> {};
+
+TEST_P(LowPrecisionResume, KeepsTheStepExactAndTrainsAsTheConvertedFp32State) {
+  constexpr int kLong = 2100, kMore = 10;
+  const LowPrecisionCase& c = GetParam();
+  const auto make = [&](NetImpl& n) -> std::unique_ptr<optim::Optimizer> {
+    if (c.adamw) return std::make_unique<optim::AdamW>(n.parameters(), optim::AdamWOptions(1e-3));
+    return std::make_unique<optim::Adam>(n.parameters(), optim::AdamOptions(1e-3));
+  };
+  TempDir dir;
+  at::manual_seed(0);
+  Net net;
+  auto opt = make(*net);
+  train(net, *opt, kLong);
+  save(dir / "low", Checkpoint::of(objects(net, *opt)), {.dtype = c.dtype});
+  save(dir / "full", Checkpoint::of(objects(net, *opt)));
+
+  Checkpoint low = load_checkpoint(dir / "low");
+  Checkpoint full = load_checkpoint(dir / "full");
+  for (auto& [key, entry] : full.state()) {
+    const at::Tensor& t = entry.tensor;
+    const bool counter =
+        t.dim() == 0 || (key.size() >= 5 && key.compare(key.size() - 5, 5, "/step") == 0);
+    if (key.rfind("rng/", 0) != 0 && t.is_floating_point() && !counter) {
+      full.state().set(key, t.to(c.dtype).to(t.scalar_type()));
+    }
+    if (counter) {
+      EXPECT_EQ(low.state().at(key).scalar_type(), t.scalar_type()) << key;
+      EXPECT_TRUE(bitwise_equal(low.state().at(key), t)) << key;
+    }
+  }
+  Net a, b;
+  auto opt_a = make(*a), opt_b = make(*b);
+  ASSERT_TRUE(low.apply(objects(a, *opt_a)).ok());
+  ASSERT_TRUE(full.apply(objects(b, *opt_b)).ok());
+  train(a, *opt_a, kMore);
+  full.apply({{"rng", rng_state()}}, {.strict = false});  // the same batches for the second run
+  train(b, *opt_b, kMore);
+  EXPECT_TRUE(same_tensors(*a, *b));
+  const OptimizerState sa = optimizer_state(*opt_a, *a);
+  EXPECT_EQ(sa.state.at("fc.weight/step").item<int64_t>(), kLong + kMore);
+  EXPECT_TRUE(bitwise_equal(sa.state.at("fc.weight/exp_avg"),
+                            optimizer_state(*opt_b, *b).state.at("fc.weight/exp_avg")));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Dtypes, LowPrecisionResume,
+    ::testing::Values(LowPrecisionCase{"AdamBf16", at::kBFloat16, false},
+                      LowPrecisionCase{"AdamWBf16", at::kBFloat16, true},
+                      LowPrecisionCase{"AdamWFp16", at::kHalf, true}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Checkpoint, KeysAreObjectSlashKeyAndReferToTheObjects) {
   Net net;
