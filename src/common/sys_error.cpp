@@ -27,4 +27,8 @@ std::string message_of(const std::exception_ptr& e) {
   }
 }
 
+std::string first_line(const std::string& message) {
+  return message.substr(0, message.find('\n'));
+}
+
 }  // namespace tsnap::detail

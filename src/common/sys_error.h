@@ -17,4 +17,8 @@ std::exception_ptr sys_error(int neg_errno, const std::string& what);
 /// for records and logs that keep errors as text.
 std::string message_of(const std::exception_ptr& e);
 
+/// The first line of `message`: LibTorch's errors (c10::Error) append a C++ backtrace to their
+/// message, which logs and tsnap's own messages leave out.
+std::string first_line(const std::string& message);
+
 }  // namespace tsnap::detail

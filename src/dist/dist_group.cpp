@@ -1,8 +1,9 @@
-// DistGroup and its coordinator over a c10d Store. The keys of save `id` in run `run` (the
-// group's id, published by rank 0 when the group forms):
-//   <prefix>/<run>/<id>/rank-<r>   rank r's report (its manifest part, or its error)
-//   <prefix>/<run>/<id>/outcome    rank 0's verdict: empty = committed, else the error
-//   <prefix>/<run>/<id>/acks       how many other ranks need nothing more of the save
+// DistGroup and its coordinator over a c10d Store. Ranks agree on a save by its snapshot name:
+// the keys of the n-th save of `name` in run `run` (the group's id, published by rank 0 when
+// the group forms) are
+//   <prefix>/<run>/<name>#<n>/rank-<r>   rank r's report (its manifest part, or its error)
+//   <prefix>/<run>/<name>#<n>/outcome    rank 0's verdict: empty = committed, else the error
+//   <prefix>/<run>/<name>#<n>/acks       how many other ranks need nothing more of the save
 //   <prefix>/<run>/triggers, trigger-<n>   periodic hooks' snapshot triggers, in posting order
 // Rank 0 deletes the reports once read; the verdicts are a few bytes each and stay.
 
@@ -10,12 +11,13 @@
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <stdexcept>
+#include <map>
+#include <mutex>
 #include <thread>
 
+#include "common/sys_error.h"
 #include "format/layout.h"
 #include "pipeline/coordinator.h"
 #include "tsnap/error.h"
@@ -46,40 +48,38 @@ class StoreCoordinator final : public pipeline::Coordinator {
       throw_error(ErrorCode::kPeerFailed, "rank " + std::to_string(rank_) +
                                               ": the group did not form within " +
                                               seconds_text(options_.timeout) +
-                                              " (rank 0 must join too): " + e.what());
+                                              " (rank 0 must join too): " + detail::first_line(e.what()));
     }
-    // A save id is "<16 hex>-<8 hex>" (format::new_save_id): the run's first part, and its
-    // second part plus the save's sequence number.
-    const size_t dash = run_.find('-');
-    if (dash != 16 || run_.size() != 25) {
+    if (!format::is_temporary(format::temporary_name("x", run_))) {
       throw_error(ErrorCode::kPeerFailed, "the group's id '" + run_ + "' in the store is not tsnap's");
     }
-    base_ = static_cast<uint32_t>(std::strtoul(run_.c_str() + 17, nullptr, 16));
   }
 
   // Waits until every key of `keys` exists, polling (never a blocking Store::wait, which holds
   // the client's lock for its whole duration in LibTorch 1.13 and 2.x: the periodic hook's
-  // trigger polls on the same client would stall behind it). Throws on timeout.
-  void wait_for(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  // trigger polls on the same client would stall behind it). False on timeout; a store
+  // failure (its host ended) throws at once.
+  bool wait_for(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     auto pause = std::chrono::microseconds(500);
     while (!store_->check(keys)) {
-      if (std::chrono::steady_clock::now() >= deadline) {
-        throw std::runtime_error("timed out after " + seconds_text(timeout));
-      }
+      if (std::chrono::steady_clock::now() >= deadline) return false;
       std::this_thread::sleep_for(pause);
       pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(20));
     }
+    return true;
   }
 
   int rank() const override { return rank_; }
   int world_size() const override { return world_size_; }
 
-  std::string next_save_id() override {
-    const uint32_t n = base_ + next_.fetch_add(1);
-    char buf[9];
-    std::snprintf(buf, sizeof buf, "%08x", n);
-    return run_.substr(0, 17) + buf;
+  std::string save_id(const std::string& name) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t n = saves_of_[name]++;
+    const std::string id = format::group_save_id(run_, name, n);
+    // The store keys of a save are its name's, which cannot collide as 32-bit ids could.
+    slots_[id] = name + "#" + std::to_string(n);
+    return id;
   }
 
   void publish(const std::string& id, const std::string& report) override {
@@ -89,9 +89,10 @@ class StoreCoordinator final : public pipeline::Coordinator {
   std::vector<std::string> gather(const std::string& id) override {
     std::vector<std::string> keys;
     for (int r = 0; r < world_size_; ++r) keys.push_back(key(id, r));
-    try {
-      wait_for(keys, options_.timeout);
-    } catch (const std::exception& e) {
+    bool all = false;
+    guarded("wait for the ranks' parts of save " + id,
+            [&] { all = wait_for(keys, options_.timeout); });
+    if (!all) {
       std::string missing;
       int count = 0;
       for (int r = 0; r < world_size_; ++r) {
@@ -108,8 +109,9 @@ class StoreCoordinator final : public pipeline::Coordinator {
       throw_error(ErrorCode::kPeerFailed,
                   std::string(count == 1 ? "rank " : "ranks ") + missing +
                       " did not report on save " + id + " within " +
-                      seconds_text(options_.timeout) + " (dead, stuck or not saving): " +
-                      first_line(e.what()));
+                      seconds_text(options_.timeout) +
+                      " (dead, stuck, or not saving this snapshot: every rank must call "
+                      "save_async with the same name)");
     }
     std::vector<std::string> reports;
     guarded("read the ranks' parts of save " + id, [&] {
@@ -174,14 +176,14 @@ class StoreCoordinator final : public pipeline::Coordinator {
 
   std::string outcome(const std::string& id) override {
     const std::string k = outcome_key(id);
-    try {
-      wait_for({k}, 2 * options_.timeout);
-    } catch (const std::exception& e) {
+    bool there = false;
+    guarded("wait for rank 0's outcome of save " + id,
+            [&] { there = wait_for({k}, 2 * options_.timeout); });
+    if (!there) {
       throw_error(ErrorCode::kPeerFailed,
                   "rank 0 gave no outcome of save " + id + " within " +
                       seconds_text(2 * options_.timeout) +
-                      " (dead or stuck; nothing was committed by this rank): " +
-                      first_line(e.what()));
+                      " (dead or stuck; nothing was committed by this rank)");
     }
     std::string out;
     guarded("read the outcome of save " + id, [&] { out = string_of(store_->get(k)); });
@@ -189,30 +191,30 @@ class StoreCoordinator final : public pipeline::Coordinator {
   }
 
  private:
+  // The store prefix of save `id`'s keys.
+  std::string slot(const std::string& id) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = slots_.find(id);
+    return options_.prefix + "/" + run_ + "/" + (it == slots_.end() ? id : it->second);
+  }
   std::string key(const std::string& id, int r) const {
-    return options_.prefix + "/" + run_ + "/" + id + "/rank-" + std::to_string(r);
+    return slot(id) + "/rank-" + std::to_string(r);
   }
   std::string trigger_key(int64_t index) const {
     return options_.prefix + "/" + run_ + "/trigger-" + std::to_string(index);
   }
-  std::string acks_key(const std::string& id) const {
-    return options_.prefix + "/" + run_ + "/" + id + "/acks";
-  }
-  std::string outcome_key(const std::string& id) const {
-    return options_.prefix + "/" + run_ + "/" + id + "/outcome";
-  }
-  static std::string first_line(const char* what) {
-    const char* nl = std::strchr(what, '\n');
-    return nl ? std::string(what, nl) : std::string(what);
-  }
+  std::string acks_key(const std::string& id) const { return slot(id) + "/acks"; }
+  std::string outcome_key(const std::string& id) const { return slot(id) + "/outcome"; }
   // Store failures (a lost connection: the rank hosting the store died) become kPeerFailed.
   template <class F>
   void guarded(const std::string& what, F&& f) {
     try {
       f();
     } catch (const std::exception& e) {
-      throw_error(ErrorCode::kPeerFailed, "rank " + std::to_string(rank_) + " could not " + what +
-                                              " through the store: " + first_line(e.what()));
+      throw_error(ErrorCode::kPeerFailed,
+                  "rank " + std::to_string(rank_) + " could not " + what +
+                      " through the store (the rank that hosts it, usually rank 0, may have "
+                      "ended): " + detail::first_line(e.what()));
     }
   }
 
@@ -221,8 +223,9 @@ class StoreCoordinator final : public pipeline::Coordinator {
   int world_size_;
   DistOptions options_;
   std::string run_;
-  uint32_t base_ = 0;
-  std::atomic<uint32_t> next_{0};
+  mutable std::mutex mu_;
+  std::map<std::string, uint64_t> saves_of_;     // name -> saves of it started so far
+  std::map<std::string, std::string> slots_;     // save id -> "<name>#<n>"
 };
 
 int env_int(const char* name, int lo, int hi) {
@@ -290,7 +293,8 @@ std::shared_ptr<DistGroup> DistGroup::from_env(DistOptions options) {
   } catch (const std::exception& e) {
     throw_error(ErrorCode::kPeerFailed, "rank " + std::to_string(rank) +
                                             " could not reach the store at " + addr + ":" +
-                                            std::to_string(port) + ": " + e.what());
+                                            std::to_string(port) + ": " +
+                                            detail::first_line(e.what()));
   }
   return std::make_shared<DistGroup>(std::move(store), rank, world, std::move(options));
 }

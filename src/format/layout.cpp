@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "format/hash.h"
 #include "tsnap/error.h"
 
 namespace tsnap::format {
@@ -29,6 +30,11 @@ bool is_hex(const std::string& s, size_t begin, size_t count) {
 }  // namespace
 
 void check_snapshot_name(const std::string& name) {
+  if (name.size() > 200) {
+    throw_error(ErrorCode::kInvalidArgument,
+                "invalid snapshot name '" + name.substr(0, 40) + "...': it is " +
+                    std::to_string(name.size()) + " bytes long, more than the 200 a name may have");
+  }
   if (name.empty() || name == "." || name == ".." || name[0] == '.' ||
       name.find('/') != std::string::npos || name.find('\0') != std::string::npos ||
       name.size() > 200) {
@@ -49,6 +55,17 @@ std::string new_save_id() {
   std::snprintf(buf, sizeof buf, "%016llx-%08llx", static_cast<unsigned long long>(ns),
                 static_cast<unsigned long long>(rng() & 0xffffffffu));
   return buf;
+}
+
+std::string group_save_id(const std::string& run, const std::string& name, uint64_t n) {
+  if (!is_temporary(temporary_name("x", run))) {
+    throw_error(ErrorCode::kInvalidArgument, "'" + run + "' is not a tsnap save id");
+  }
+  const std::string text = run + '\0' + name + '\0' + std::to_string(n);
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08llx",
+                static_cast<unsigned long long>(hash64(text.data(), text.size()) & 0xffffffffu));
+  return run.substr(0, 17) + buf;
 }
 
 std::string temporary_name(const std::string& name, const std::string& id) {

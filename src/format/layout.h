@@ -24,6 +24,11 @@ void check_snapshot_name(const std::string& name);
 /// digits>". Thread-safe.
 std::string new_save_id();
 
+/// The id of the `n`-th save (from 0) of snapshot `name` by the group of ranks whose id is `run`
+/// (itself made by `new_save_id`): every rank computes the same id, with no round trip. Its
+/// first part is the run's; throws InvalidArgument when `run` is not a save id.
+std::string group_save_id(const std::string& run, const std::string& name, uint64_t n);
+
 /// The temporary directory of snapshot `name` while save `id` writes it: ".<name>.tmp-<id>".
 std::string temporary_name(const std::string& name, const std::string& id);
 

@@ -14,9 +14,10 @@ class Coordinator {
   virtual ~Coordinator() = default;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
-  /// The id of this rank's next save: every rank's k-th call returns the same id (ranks start
-  /// saves in the same order, as they call collectives). Never blocks.
-  virtual std::string next_save_id() = 0;
+  /// The id of this rank's save of snapshot `name`: every rank's n-th save of `name` gets the
+  /// same id, so ranks agree on a save by its name, not by how many saves came before it (a
+  /// rank that skipped or failed to start one save stays in step for the next). Never blocks.
+  virtual std::string save_id(const std::string& name) = 0;
   /// Publishes this rank's report on save `id` (its manifest part, or its error).
   virtual void publish(const std::string& id, const std::string& report) = 0;
   /// Rank 0: every rank's report in rank order. Throws tsnap::Error naming the ranks that did not

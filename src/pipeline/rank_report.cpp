@@ -1,6 +1,8 @@
 #include "pipeline/rank_report.h"
 
 #include <algorithm>
+#include <map>
+#include <utility>
 
 #include "format/manifest_io.h"
 #include "pipeline/coordinator.h"
@@ -12,21 +14,42 @@ namespace {
 using nlohmann::json;
 
 [[noreturn]] void disagree(const std::string& what) {
-  throw_error(ErrorCode::kInvalidArgument, "the ranks of a distributed save disagree: " + what);
+  throw_error(ErrorCode::kPeerFailed, "the ranks of a distributed save disagree: " + what);
 }
 
-// The first entry of one sorted list missing from the other, as a message, or "".
+// A replicated entry "<key> <dtype> <shape>" split into its key and the rest.
+std::pair<std::string, std::string> split_entry(const std::string& entry) {
+  const size_t shape = entry.rfind(" [");
+  const size_t dtype = shape == std::string::npos || shape == 0 ? std::string::npos
+                                                                 : entry.rfind(' ', shape - 1);
+  if (dtype == std::string::npos) return {entry, ""};
+  return {entry.substr(0, dtype), entry.substr(dtype + 1)};
+}
+
+// The first difference between two ranks' sorted lists of replicated entries, as a message,
+// or "": a key stored with another dtype or shape, else a key that only one rank has.
 std::string first_difference(const std::vector<std::string>& a, int ra,
                              const std::vector<std::string>& b, int rb) {
-  std::vector<std::string> only_a, only_b;
-  std::set_difference(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(only_a));
-  std::set_difference(b.begin(), b.end(), a.begin(), a.end(), std::back_inserter(only_b));
+  std::map<std::string, std::string> of_a, of_b;
+  for (const std::string& e : a) of_a.insert(split_entry(e));
+  for (const std::string& e : b) of_b.insert(split_entry(e));
+  for (const auto& [key, what] : of_a) {
+    const auto it = of_b.find(key);
+    if (it != of_b.end() && it->second != what) {
+      return "replicated tensor '" + key + "' is " + what + " on rank " + std::to_string(ra) +
+             " but " + it->second + " on rank " + std::to_string(rb);
+    }
+  }
   const auto say = [](const std::string& entry, int in, int not_in) {
     return "replicated tensor '" + entry + "' is on rank " + std::to_string(in) +
            " but not on rank " + std::to_string(not_in);
   };
-  if (!only_a.empty()) return say(only_a.front(), ra, rb);
-  if (!only_b.empty()) return say(only_b.front(), rb, ra);
+  for (const auto& [key, what] : of_a) {
+    if (!of_b.count(key)) return say(key + " " + what, ra, rb);
+  }
+  for (const auto& [key, what] : of_b) {
+    if (!of_a.count(key)) return say(key + " " + what, rb, ra);
+  }
   return "";
 }
 

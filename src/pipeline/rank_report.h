@@ -29,7 +29,7 @@ void report_no_part(Coordinator& coordinator, const std::string& id, const std::
 /// Rank 0: the manifest text of the snapshot that `reports` (one per rank, in rank order)
 /// make together, with user `metadata`. Checked as a reader would check it before it is
 /// returned. Throws the first failed rank's error (its message prefixed with its rank);
-/// InvalidArgument when the ranks disagree on the name or the replicated tensors, or when their
+/// Error(kPeerFailed) when the ranks disagree on the name or the replicated tensors, or when their
 /// pieces do not fit together (overlap, different global shapes, a key both replicated and
 /// sharded).
 std::string merge_parts(const std::vector<std::string>& reports, const nlohmann::json& metadata);

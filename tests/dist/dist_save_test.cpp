@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -252,6 +253,21 @@ void run_rank() {
       text = outcome_of(h);
     }
     report(out, text);
+  } else if (scenario == "host_killed") {
+    // Rank 0, which hosts the store, dies mid-save: the others fail at once, saying why.
+    Snapshotter snap(o);
+    SaveHandle first = snap.save_async("first", replicated_state());
+    std::string text = outcome_of(first);
+    if (text == "ok") {
+      SaveHandle h = snap.save_async("second", replicated_state());
+      if (rank == 0) ::raise(SIGKILL);
+      const auto t0 = std::chrono::steady_clock::now();
+      text = outcome_of(h);
+      const double took =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      text += took < 10 ? " FAST" : " SLOW";
+    }
+    report(out, text);
   } else if (scenario == "write_fails") {
     io::Faults faults;
     faults.fail_write = rank == 1 ? 2 : 0;
@@ -265,6 +281,67 @@ void run_rank() {
     if (rank == 1) sd.insert("rep.extra", make_tensor(at::kFloat, {10}, 5));
     SaveHandle h = snap.save_async("snap", sd);
     report(out, outcome_of(h));
+  } else if (scenario == "skipped") {
+    // The last rank never calls save_async("bad"); the others' "bad" fails, and the saves after
+    // it succeed on every rank (ranks agree on a save by its name, not by a count).
+    Snapshotter snap(o);
+    std::string text;
+    if (rank != world - 1) {
+      SaveHandle bad = snap.save_async("bad", replicated_state());
+      const std::string got = outcome_of(bad);
+      const std::string peer_failed =
+          "error " + std::to_string(static_cast<int>(ErrorCode::kPeerFailed)) + " ";
+      text = got.rfind(peer_failed, 0) == 0 ? "bad-failed" : "bad: " + got;
+    } else {
+      text = "bad-skipped";
+    }
+    for (const char* name : {"after", "after2", "after3"}) {
+      SaveHandle h = snap.save_async(name, replicated_state());
+      text += std::string(" ") + name + "=" + outcome_of(h);
+    }
+    report(out, text);
+  } else if (scenario == "dtype_differs") {
+    Snapshotter snap(o);
+    StateDict sd = replicated_state();
+    sd.insert("rep.big4", make_tensor(rank == 1 ? at::kDouble : at::kFloat, {64, 64}, 5));
+    SaveHandle h = snap.save_async("snap", sd);
+    report(out, outcome_of(h));
+  } else if (scenario == "store_gone") {
+    // Rank 0 hosts the store and ends at step 20 without a word; rank 1 trains on with
+    // periodic snapshots: one log line says the group has ended, and it exits cleanly.
+    Snapshotter snap(o);
+    StateDict sd;
+    sd.insert("w", make_tensor(at::kFloat, {1000}, 0));
+    std::vector<std::string> lines;
+    std::mutex lines_mu;
+    PeriodicOptions popt;
+    popt.log = [&](const std::string& line) {
+      std::lock_guard<std::mutex> lock(lines_mu);
+      lines.push_back(line);
+    };
+    std::string text;
+    {
+      PeriodicSnapshots hook(snap, Schedule({.every_steps = 5, .every_seconds = 0.05}),
+                             [&] { return Checkpoint::of({{"state", sd}}); }, popt);
+      for (int64_t step = 1; step <= 80; ++step) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        if (rank == 0 && step == 20) std::_Exit(0);
+        hook.after_step(step);
+      }
+      try {
+        hook.finish();
+        text = "finished";
+      } catch (const Error& e) {
+        text = "finished-with " + std::to_string(static_cast<int>(e.code()));
+      }
+    }
+    int ended = 0, backtraces = 0;
+    for (const std::string& line : lines) {
+      ended += line.find("store cannot be reached") != std::string::npos;
+      backtraces += line.find("frame #") != std::string::npos || line.find('\n') != std::string::npos;
+    }
+    report(out, text + " ended-lines " + std::to_string(ended) + " backtraces " +
+                    std::to_string(backtraces));
   } else if (scenario == "pieces_overlap") {
     // Rank 0 claims rows [0, 4) of a global tensor, rank 1 rows [2, 6).
     Snapshotter snap(o);
@@ -534,6 +611,23 @@ TEST(DistSave, KilledRankFailsTheSaveOnEveryRankWithinTheTimeout) {
   EXPECT_FALSE(has_temporaries(dir / "root"));
 }
 
+TEST(DistSave, KilledStoreHostFailsTheOthersAtOnceSayingWhy) {
+  TempDir dir;
+  const Ranks ranks = run_ranks("host_killed", 3, dir.path(), 20000);
+  EXPECT_TRUE(WIFSIGNALED(ranks.statuses[0]));
+  for (int r : {1, 2}) {
+    const std::string& text = ranks.texts[r];
+    EXPECT_EQ(text.rfind("error " + std::to_string(static_cast<int>(ErrorCode::kPeerFailed)), 0),
+              0u)
+        << "rank " << r << ": " << text;
+    EXPECT_NE(text.find("through the store"), std::string::npos) << text;
+    EXPECT_EQ(text.find("within"), std::string::npos) << "not a timeout: " << text;
+    EXPECT_EQ(text.find("frame #"), std::string::npos) << "no backtrace: " << text;
+    EXPECT_NE(text.find(" FAST"), std::string::npos) << text;
+  }
+  EXPECT_FALSE(fs::exists(dir / "root" / "second"));
+}
+
 TEST(DistSave, FailedWriteOnOneRankFailsEveryRank) {
   TempDir dir;
   const Ranks ranks = run_ranks("write_fails", 2, dir.path(), 20000);
@@ -556,6 +650,45 @@ TEST(DistSave, RanksWithDifferentKeysGetAClearErrorAndNoSnapshot) {
   }
   EXPECT_FALSE(fs::exists(dir / "root" / "snap"));
   EXPECT_FALSE(has_temporaries(dir / "root"));
+}
+
+TEST(DistSave, ASaveOneRankSkippedFailsAndTheNextSavesSucceedOnEveryRank) {
+  TempDir dir;
+  const Ranks ranks = run_ranks("skipped", 4, dir.path(), 3000);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(ranks.texts[r], std::string(r == 3 ? "bad-skipped" : "bad-failed") +
+                                  " after=ok after2=ok after3=ok")
+        << "rank " << r;
+  }
+  EXPECT_FALSE(fs::exists(dir / "root" / "bad"));
+  for (const char* name : {"after", "after2", "after3"}) {
+    EXPECT_TRUE(verify(dir / "root" / name).empty()) << name;
+  }
+}
+
+TEST(DistSave, RanksWithAnotherDtypeGetPeerFailedNamingBothDtypes) {
+  TempDir dir;
+  const Ranks ranks = run_ranks("dtype_differs", 2, dir.path(), 20000);
+  const std::string code = std::to_string(static_cast<int>(ErrorCode::kPeerFailed));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ranks.texts[r].rfind("error " + code + " ", 0), 0u) << "rank " << r << ": " << ranks.texts[r];
+    EXPECT_NE(ranks.texts[r].find("'rep.big4' is F32 [64, 64] on rank 0 but F64 [64, 64] on rank 1"),
+              std::string::npos)
+        << "rank " << r << ": " << ranks.texts[r];
+  }
+  EXPECT_FALSE(fs::exists(dir / "root" / "snap"));
+}
+
+TEST(DistPeriodic, ARankOutlivingTheStoreHostLogsOneLineAndEndsCleanly) {
+  TempDir dir;
+  const auto t0 = std::chrono::steady_clock::now();
+  const Ranks ranks = run_ranks("store_gone", 2, dir.path(), 3000, std::chrono::seconds(40));
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(WIFEXITED(ranks.statuses[1])) << "rank 1 did not end";
+  EXPECT_EQ(WEXITSTATUS(ranks.statuses[1]), 0);
+  EXPECT_NE(ranks.texts[1].find("ended-lines 1 backtraces 0"), std::string::npos) << ranks.texts[1];
+  EXPECT_EQ(ranks.texts[1].rfind("finished", 0), 0u) << ranks.texts[1];
+  EXPECT_LT(took, 30.0);
 }
 
 TEST(DistSave, RanksWhosePiecesOverlapGetAClearErrorAndNoSnapshot) {

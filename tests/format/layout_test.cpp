@@ -47,6 +47,27 @@ TEST(Layout, SnapshotNames) {
   for (const std::string& bad : bad_names) {
     EXPECT_THROW(check_snapshot_name(bad), InvalidArgument) << bad;
   }
+  try {
+    check_snapshot_name(std::string(300, 'x'));
+    ADD_FAILURE() << "a 300-byte name was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("300 bytes long, more than the 200"), std::string::npos)
+        << e.what();
+  }
+}
+
+// Ranks agree on a save by its name: the n-th save of a name has one id in a run, and ids
+// differ across names, counts and runs.
+TEST(Layout, GroupSaveIdsDependOnRunNameAndCount) {
+  const std::string run = new_save_id(), other = new_save_id();
+  const std::string id = group_save_id(run, "step-1", 0);
+  EXPECT_EQ(id, group_save_id(run, "step-1", 0));
+  EXPECT_TRUE(is_temporary(temporary_name("step-1", id))) << id;
+  EXPECT_EQ(id.substr(0, 17), run.substr(0, 17));
+  EXPECT_NE(id, group_save_id(run, "step-1", 1));
+  EXPECT_NE(id, group_save_id(run, "step-2", 0));
+  EXPECT_NE(id, group_save_id(other, "step-1", 0));
+  EXPECT_THROW(group_save_id("not-an-id", "x", 0), InvalidArgument);
 }
 
 TEST(Layout, StepNamesRoundTripAndRejectOtherNames) {
