@@ -4,10 +4,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <memory>
 
 #include "common/sys_error.h"
 #include "common/test_point.h"
+#include "format/hash.h"
 
 namespace tsnap::pipeline {
 namespace {
@@ -57,6 +60,19 @@ BaseFile::BaseFile(std::string path, uint64_t size) : path_(std::move(path)), si
   fd_ = std::move(fd);
   dev_ = st.st_dev;
   ino_ = st.st_ino;
+}
+
+bool BaseFile::holds(uint64_t begin, uint64_t end, uint64_t hash) const {
+  constexpr size_t kPiece = 1 << 20;
+  static thread_local std::unique_ptr<uint8_t[]> buf(new uint8_t[kPiece]);
+  format::Hash64Stream h;
+  for (uint64_t at = begin; at < end;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kPiece, end - at));
+    if (io::read_full(fd_.get(), buf.get(), n, at) != static_cast<int64_t>(n)) return false;
+    h.update(buf.get(), n);
+    at += n;
+  }
+  return h.digest() == hash;
 }
 
 bool BaseFile::link_or_copy(const std::string& target) const {

@@ -7,6 +7,11 @@
 // meanwhile cannot take the bytes away: the link then falls back to a copy from that
 // descriptor. Every snapshot stays self-contained (its own directory entry for every file), so
 // deleting any snapshot never breaks another.
+//
+// Nothing is reused on the base manifest's word alone: a chunk is skipped only once the base
+// file's bytes have been read and hashed to the value the new chunk has (`holds`), so a base
+// that rotted, was modified in place or swapped for another file is written afresh instead of
+// spreading into the new snapshot.
 
 #include <sys/types.h>
 
@@ -27,6 +32,11 @@ class BaseFile {
   BaseFile(std::string path, uint64_t size);
   bool valid() const { return fd_.get() >= 0; }
   const std::string& path() const { return path_; }
+
+  /// Whether bytes [begin, end) of the opened file hash (XXH3-64) to `hash`: read and hashed
+  /// now, so that what is reused is proven equal to what it stands for. False on a read error.
+  /// Thread-safe (positional reads).
+  bool holds(uint64_t begin, uint64_t end, uint64_t hash) const;
 
   /// Makes `target` (which must not exist) hold this file whole: a hard link when `path()` is
   /// still the file opened, else a copy from the descriptor (fsynced). Returns whether it

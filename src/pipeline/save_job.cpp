@@ -172,7 +172,11 @@ void SaveJob::stage_chunk(size_t index, const std::vector<stage::Sources>& sourc
 
 void SaveJob::compare_and_submit(plan::ChunkRef ref, int buf, uint64_t len) {
   const uint64_t hash = format::hash64(res_.pool->data(buf), len);
-  if (hash != plan_.files[ref.file].base_hashes[ref.chunk] || failed_) {
+  const plan::PlannedFile& file = plan_.files[ref.file];
+  // Equal to the base manifest's hash, and the base file's bytes proven to hash alike.
+  if (hash != file.base_hashes[ref.chunk] || failed_ ||
+      !base_files_[ref.file]->holds(file.chunk_begin(ref.chunk), file.chunk_end(ref.chunk),
+                                    hash)) {
     submit(ref, buf, len, hash);
     return;
   }

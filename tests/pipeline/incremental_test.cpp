@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <random>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -163,24 +164,93 @@ TEST(Incremental, AFileWithSomeEqualChunksGetsThemCopiedIn) {
   EXPECT_TRUE(bitwise_equal(load(dir / "a").at("big"), a.at("big")));
 }
 
-TEST(Incremental, ACorruptBaseFileIsCaughtByTheNewSnapshotsHashes) {
+// The file of s<step> that holds `key`, and whether the save reused it whole.
+FileRecord file_of(const Manifest& m, const std::string& key) {
+  const TensorRecord* t = m.find(key);
+  EXPECT_NE(t, nullptr) << key;
+  for (const FileRecord& f : m.files) {
+    if (f.name == t->file) return f;
+  }
+  throw std::runtime_error("no file for " + key);
+}
+
+// Bit rot must not spread: a base chunk is reused only once its bytes are read and proven equal.
+TEST(Incremental, ACorruptBaseChunkIsWrittenAfreshNotSpread) {
   TempDir dir;
   Snapshotter snap(options_for(dir.path()));
   snap.save_async("s1", state_at(1)).wait();
   const Manifest m1 = read_manifest(dir / "s1");
   const TensorRecord* frozen = m1.find("backbone.layer0.weight");
   ASSERT_NE(frozen, nullptr);
-  test_support::flip_byte(dir / "s1" / frozen->file, frozen->begin + 10);
-  snap.save_async("s2", state_at(2)).wait();
-  // s2 reused the file (its hashes are of the staged, correct bytes), so verification finds
-  // the flipped byte in both snapshots; nothing reads it back silently.
-  EXPECT_FALSE(verify(dir / "s2").empty());
-  try {
-    load(dir / "s2");
-    ADD_FAILURE() << "a corrupt reused chunk loaded";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kHashMismatch) << e.what();
+  test_support::flip_byte(dir / "s1" / frozen->file, frozen->begin + 100);
+  SaveHandle h = snap.save_async("s2", state_at(2));
+  h.wait();
+  expect_holds(dir / "s2", 2);
+  EXPECT_TRUE(file_of(read_manifest(dir / "s2"), "backbone.layer0.weight").reused_from.empty())
+      << "the corrupt file was linked";
+  EXPECT_GT(h.stats().linked_bytes, 0u) << "the intact files are still linked";
+  EXPECT_FALSE(verify(dir / "s1").empty()) << "s1 itself stays as it is (corrupt)";
+}
+
+TEST(Incremental, ACorruptChunkOfAPartlyEqualFileIsWrittenNotCopied) {
+  TempDir dir;
+  Snapshotter snap(options_for(dir.path()));
+  StateDict a;
+  a.insert("big", make_tensor(at::kFloat, {4 * static_cast<int64_t>(kChunk) / 4}, 1));  // 4 chunks
+  snap.save_async("a", a).wait();
+  const Manifest ma = read_manifest(dir / "a");
+  const TensorRecord* t = ma.find("big");
+  ASSERT_NE(t, nullptr);
+  test_support::flip_byte(dir / "a" / t->file, t->begin + kChunk + 100);  // in chunk 1
+  at::Tensor changed = a.at("big").clone();
+  changed[-1] = 12345.0f;  // only the last chunk differs
+  StateDict b;
+  b.insert("big", changed);
+  SaveHandle h = snap.save_async("b", b);
+  h.wait();
+  EXPECT_TRUE(verify(dir / "b").empty());
+  EXPECT_TRUE(bitwise_equal(load(dir / "b").at("big"), changed));
+  EXPECT_GE(h.stats().reused_bytes, kChunk) << "the intact equal chunks are still copied";
+}
+
+TEST(Incremental, ABaseFileSwappedForAnotherSnapshotsIsNotReused) {
+  TempDir dir, other;
+  // The same layout with other values: files of the same names and sizes.
+  auto other_state = [] {
+    StateDict sd = state_at(1);
+    for (auto& [key, entry] : sd) {
+      if (at::isFloatingType(entry.tensor.scalar_type())) sd.set(key, entry.tensor + 1);
+    }
+    return sd;
+  };
+  Snapshotter snap(options_for(dir.path()));
+  snap.save_async("s1", state_at(1)).wait();
+  {
+    Snapshotter elsewhere(options_for(other.path()));
+    elsewhere.save_async("s1", other_state()).wait();
   }
+  const std::string file = file_of(read_manifest(dir / "s1"), "backbone.layer0.weight").name;
+  ASSERT_EQ(fs::file_size(dir / "s1" / file), fs::file_size(other / "s1" / file));
+  fs::copy_file(other / "s1" / file, dir / "s1" / "swap.tmp");
+  fs::rename(dir / "s1" / "swap.tmp", dir / "s1" / file);
+  snap.save_async("s2", state_at(2)).wait();
+  expect_holds(dir / "s2", 2);
+  EXPECT_TRUE(file_of(read_manifest(dir / "s2"), "backbone.layer0.weight").reused_from.empty());
+}
+
+TEST(Incremental, ALinkedFileModifiedInPlaceIsNotLinkedAgain) {
+  TempDir dir;
+  Snapshotter snap(options_for(dir.path()));
+  snap.save_async("s1", state_at(1)).wait();
+  snap.save_async("s2", state_at(2)).wait();
+  const FileRecord linked = file_of(read_manifest(dir / "s2"), "backbone.layer0.weight");
+  ASSERT_FALSE(linked.reused_from.empty());
+  const Manifest m2 = read_manifest(dir / "s2");
+  const TensorRecord* t = m2.find("backbone.layer0.weight");
+  test_support::flip_byte(dir / "s2" / linked.name, t->begin + 100);  // s1's inode too
+  snap.save_async("s3", state_at(3)).wait();
+  expect_holds(dir / "s3", 3);
+  EXPECT_TRUE(file_of(read_manifest(dir / "s3"), "backbone.layer0.weight").reused_from.empty());
 }
 
 TEST(Incremental, OverwritingTheBaseItselfKeepsItsBytes) {
