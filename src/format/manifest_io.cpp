@@ -10,6 +10,7 @@
 
 #include "common/shape.h"
 #include "format/dtype.h"
+#include "format/hash.h"
 #include "format/json_bounds.h"
 #include "format/json_writer.h"
 #include "format/layout.h"
@@ -20,6 +21,11 @@ namespace tsnap::format {
 namespace {
 
 using nlohmann::json;
+
+// The manifest's last member, `,\n"checksum":"xxh3-64:<16 hex>"`: the checksum covers every
+// byte before the comma.
+constexpr const char* kChecksumMember = ",\n\"checksum\":\"";
+constexpr const char* kChecksumPrefix = "xxh3-64:";
 
 std::string hex16(uint64_t h) {
   char buf[17];
@@ -564,9 +570,35 @@ std::string manifest_to_text(const Manifest& m) {
     w.string(group.front()->file);
   }
   w.end_object();
-  w.end_object();
-  out += '\n';
+  // The manifest's own checksum, its last member: XXH3-64 of every byte before it.
+  const uint64_t checksum = hash64(out.data(), out.size());
+  out += kChecksumMember;
+  out += kChecksumPrefix;
+  out += hex16(checksum);
+  out += "\"}\n";
   return out;
+}
+
+// Checks the manifest's own checksum when it has one (manifests of older writers have none).
+static void check_checksum(const Checker& c, std::string_view text, const json& root) {
+  const auto it = root.find("checksum");
+  if (it == root.end()) return;
+  const std::string recorded = it->is_string() ? it->get<std::string>() : std::string();
+  const size_t prefix = std::char_traits<char>::length(kChecksumPrefix);
+  if (recorded.size() != prefix + 16 || recorded.compare(0, prefix, kChecksumPrefix) != 0) {
+    c.fail(ErrorCode::kBadManifest,
+           "\"checksum\" is not \"" + std::string(kChecksumPrefix) + "<16 hex digits>\"");
+  }
+  const size_t at = text.rfind(kChecksumMember);
+  if (at == std::string_view::npos) {
+    c.fail(ErrorCode::kBadManifest, "\"checksum\" is not the last member, where tsnap writes it");
+  }
+  const std::string actual = std::string(kChecksumPrefix) + hex16(hash64(text.data(), at));
+  if (actual != recorded) {
+    c.fail(ErrorCode::kBadManifest, "its content does not match its checksum (" + actual +
+                                        ", recorded " + printable(recorded) +
+                                        "): the manifest changed after it was written");
+  }
 }
 
 // `created` is an ISO 8601 UTC time, "YYYY-MM-DDTHH:MM:SS[.fraction]Z", of the same second as
@@ -611,6 +643,7 @@ Manifest parse_manifest(std::string_view text, const std::string& label) {
   if (version < 1) {
     c.fail(ErrorCode::kBadManifest, "format_version " + std::to_string(version) + " is not valid");
   }
+  check_checksum(c, text, root);  // after the version: a newer one may checksum otherwise
 
   Manifest m;
   m.format_version = static_cast<int>(version);

@@ -19,6 +19,13 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+
+// The JSON of manifest_to_text(m) without its checksum member, which manifest_to_json lacks.
+json text_json(const Manifest& m) {
+  json j = json::parse(manifest_to_text(m));
+  j.erase("checksum");
+  return j;
+}
 using tsnap::test_support::TempDir;
 
 constexpr const char* kLabel = "snapshots/step-100/MANIFEST.json";
@@ -151,6 +158,34 @@ TEST(Manifest, RoundTripsThroughJson) {
   expect_same(parse_manifest(manifest_to_json(empty).dump(), kLabel), empty);
 }
 
+// The manifest protects itself: a flip in any field (those no chunk hash covers included) is
+// caught by its checksum; one without a checksum (an older writer's) is still read.
+TEST(Manifest, ChecksumCatchesAFlipInAnyField) {
+  const std::string text = manifest_to_text(sample());
+  ASSERT_NE(text.find("\n\"checksum\":\"xxh3-64:"), std::string::npos) << text;
+  expect_same(parse_manifest(text, kLabel), sample());
+  for (const char* field : {"\"id\":\"2026", "\"created\":\"2026-11-29T18:00:00.1",
+                            "\"torch_version\":\"1.", "\"lr\":0.2", "\"tsnap_version\":\"0."}) {
+    const size_t at = text.find(field);
+    ASSERT_NE(at, std::string::npos) << field;
+    std::string flipped = text;
+    flipped[at + std::string(field).size() - 1] ^= 0x01;  // a digit becomes another digit
+    try {
+      parse_manifest(flipped, kLabel);
+      ADD_FAILURE() << "a flip in " << field << " was accepted";
+    } catch (const FormatError& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kBadManifest) << e.what();
+      EXPECT_NE(std::string(e.what()).find("checksum"), std::string::npos) << e.what();
+    }
+  }
+  std::string bad_value = text;
+  bad_value.replace(bad_value.find("xxh3-64:"), 8, "xxh3-65:");
+  expect_text_rejected(bad_value, ErrorCode::kBadManifest);
+  // Without the member (as older writers wrote it), the same manifest reads.
+  const size_t member = text.rfind(",\n\"checksum\"");
+  expect_same(parse_manifest(text.substr(0, member) + "}\n", kLabel), sample());
+}
+
 // Format v2: a file that keeps an earlier save's layout names that save (its header's id) and,
 // when reused whole, the snapshot it came from; the text and JSON writers agree and say v2.
 TEST(Manifest, ReusedFilesRoundTripAsVersion2) {
@@ -161,7 +196,7 @@ TEST(Manifest, ReusedFilesRoundTripAsVersion2) {
   EXPECT_EQ(j["format_version"], 2);
   EXPECT_EQ(j["files"][kShard0]["tsnap_id"], "18ecf96338ad5d40-bee517c9");
   EXPECT_EQ(j["files"][kShard0]["reused_from"], "step-00000010");
-  EXPECT_EQ(json::parse(manifest_to_text(m)), j);
+  EXPECT_EQ(text_json(m), j);
   const Manifest back = parse_manifest(manifest_to_text(m), kLabel);
   EXPECT_EQ(back.format_version, 2);
   EXPECT_EQ(back.files[0].tsnap_id, m.files[0].tsnap_id);
@@ -445,7 +480,7 @@ TEST(Manifest, KeyStoredAsPiecesRoundTrips) {
   EXPECT_EQ(j["tensors"]["layer.weight"]["pieces"].size(), 2u);
   EXPECT_FALSE(j["weight_map"].contains("layer.weight"));  // no one file holds it
   EXPECT_EQ(j["files"]["rank-00001-shard-00000-of-00001.safetensors"]["rank"], 1);
-  EXPECT_EQ(json::parse(manifest_to_text(m)), j);
+  EXPECT_EQ(text_json(m), j);
   const Manifest back = parse_manifest(manifest_to_text(m), kLabel);
   const auto pieces = back.pieces("layer.weight");
   ASSERT_EQ(pieces.size(), 2u);
