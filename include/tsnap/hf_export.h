@@ -60,7 +60,9 @@ struct TSNAP_API HfExportResult {
 /// so `out` never exists half-written.
 /// Errors: those of tsnap::load; Error(kAlreadyExists) when `out` exists and not overwrite;
 /// InvalidArgument(kKeyNotFound) when `object` has no keys (naming the objects there are);
-/// InvalidArgument for a non-floating `dtype`; Error(kUnsupported) for a key stored only as
+/// InvalidArgument for a non-floating `dtype`, for an `out` that is, lies inside or holds the
+/// snapshot, and for a checkpoint of several objects (every key "<object>/...") exported
+/// without `object` (naming the objects); Error(kUnsupported) for a key stored only as
 /// pieces that do not cover it; IoError naming the file for a failed write, fsync or rename
 /// (the temporary directory is removed). Thread-safe (calls are independent; two calls must
 /// not write the same `out`). Ownership: nothing is kept after the call.

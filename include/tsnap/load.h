@@ -58,7 +58,11 @@ struct TSNAP_API LoadOptions {
 };
 
 /// Loads a snapshot into new CPU tensors in their stored dtype, bit-identical to what was
-/// saved (sharded pieces keep their ShardSpec). Only the selected keys' chunks are read.
+/// saved. Only the selected keys' chunks are read. A key that a distributed save stored as
+/// several pieces comes back assembled into its whole (global) tensor, without a ShardSpec (to
+/// read one rank's piece, give load_into a destination entry with that ShardSpec); a key stored
+/// as a single piece comes back as stored, with its ShardSpec. Errors for pieces that do not
+/// cover their tensor: Error(kUnsupported) naming the key.
 /// Errors: IoError(kNotFound) for a missing snapshot or shard; FormatError (kUnsupportedFormat,
 /// kTruncated, kHashMismatch naming file and chunk, ...); IoError naming file and offset;
 /// InvalidArgument for bad patterns. Thread-safe (calls are independent).

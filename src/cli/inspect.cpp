@@ -113,6 +113,7 @@ nlohmann::json to_json(const fs::path& path, const Manifest& m) {
                      {"tensor_bytes", figures[r].tensor_bytes}});
   }
   nlohmann::json out = format::manifest_header_json(m);
+  out["format_version"] = m.format_version;  // as the file says, like the text output
   out["path"] = path.string();
   out["tensor_bytes"] = tensor_bytes(m);
   out["total_bytes"] = m.total_bytes();

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <system_error>
 
@@ -16,6 +17,13 @@
 
 namespace tsnap::cli {
 namespace {
+
+// The number of keys of `m` (a key stored as pieces has one record per piece).
+size_t key_count(const Manifest& m) {
+  std::set<std::string> keys;
+  for (const TensorRecord& t : m.tensors) keys.insert(t.name);
+  return keys.size();
+}
 
 namespace fs = std::filesystem;
 
@@ -78,7 +86,7 @@ nlohmann::json to_json(const Listed& entry) {
     j["id"] = m->id;
     j["created"] = m->created;
     j["created_unix_ns"] = m->created_unix_ns;
-    j["tensors"] = m->tensors.size();
+    j["tensors"] = key_count(*m);
     j["files"] = m->files.size();
     j["world_size"] = m->world_size;
     j["metadata"] = m->metadata;
@@ -123,7 +131,7 @@ int run_ls(const LsOptions& options) {
     table.add_row({entry.name, m ? local_time(m->created_unix_ns) : "-",
                    human_bytes(size_of(entry)),
                    reused_of(entry) > 0 ? human_bytes(reused_of(entry)) : "-",
-                   m ? std::to_string(m->tensors.size()) : "-",
+                   m ? std::to_string(key_count(*m)) : "-",
                    m ? std::to_string(m->world_size) : "-", status_text(entry)});
   }
   table.print(std::cout);
@@ -139,8 +147,9 @@ Command add_ls(CLI::App& app) {
       "List every snapshot directory under ROOT, oldest first: committed snapshots, temporary "
       "directories of unfinished saves, and directories whose manifest is missing or corrupt. "
       "SIZE counts the shard files and the manifest; REUSED is the part of it that an incremental "
-      "save took whole from an earlier snapshot (hard links: no new space). TENSORS counts records (a key stored as "
-      "pieces has one per piece); RANKS is the world size of the save that wrote it.");
+      "save took whole from an earlier snapshot (hard links: no new space). TENSORS counts keys (a "
+      "key stored as pieces by several ranks counts once); RANKS is the world size of the save "
+      "that wrote it.");
   sub->add_option("ROOT", options->root, "Directory that holds the snapshots")
       ->required()
       ->type_name("DIR");

@@ -27,10 +27,6 @@ std::string plain_message(const std::string& message) {
   return message;
 }
 
-std::string count_of(uint64_t n, const std::string& singular, const std::string& plural) {
-  return std::to_string(n) + " " + (n == 1 ? singular : plural);
-}
-
 uint64_t manifest_bytes(const std::filesystem::path& snapshot) {
   std::error_code ec;
   const uint64_t size = std::filesystem::file_size(snapshot / kManifestName, ec);

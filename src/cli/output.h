@@ -23,8 +23,7 @@ std::string dtype_string(at::ScalarType t);
 std::string local_time(int64_t unix_ns);
 /// `message` without a leading "tsnap: " (library messages carry it; the tool adds its own).
 std::string plain_message(const std::string& message);
-/// "1 file", "3 files".
-std::string count_of(uint64_t n, const std::string& singular, const std::string& plural);
+using detail::count_of;
 
 /// Size of the MANIFEST.json of `snapshot` (0 if it cannot be read).
 uint64_t manifest_bytes(const std::filesystem::path& snapshot);

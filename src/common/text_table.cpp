@@ -8,6 +8,10 @@
 #include <utility>
 
 namespace tsnap::detail {
+
+std::string count_of(uint64_t n, const std::string& singular, const std::string& plural) {
+  return std::to_string(n) + " " + (n == 1 ? singular : plural);
+}
 namespace {
 
 // The code point at `text[i]` and its length in bytes; an invalid sequence is one byte, as

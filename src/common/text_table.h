@@ -10,6 +10,9 @@
 
 namespace tsnap::detail {
 
+/// "1 file", "3 files": a count with its noun, for messages and tables.
+std::string count_of(uint64_t n, const std::string& singular, const std::string& plural);
+
 /// "512 B", "1.5 KiB", "297.3 MiB", ... (binary units, one decimal above bytes).
 std::string human_bytes(uint64_t n);
 

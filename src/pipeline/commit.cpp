@@ -47,6 +47,16 @@ void write_file_durably(io::Engine& engine, const std::string& path, const std::
 
 }  // namespace
 
+void check_replaceable(const std::string& final_path) {
+  std::error_code ec;
+  const auto st = std::filesystem::symlink_status(final_path + "/" + kManifestName, ec);
+  if (!std::filesystem::is_regular_file(st)) {
+    throw_error(ErrorCode::kAlreadyExists,
+                final_path + " exists and is not a tsnap snapshot (it has no " + kManifestName +
+                    "): overwrite replaces snapshots only; remove it or choose another name");
+  }
+}
+
 uint64_t commit_directory(io::Engine& engine, const CommitPaths& paths,
                           const std::string& manifest_text, bool overwrite,
                           std::string* leftover) {
@@ -56,6 +66,7 @@ uint64_t commit_directory(io::Engine& engine, const CommitPaths& paths,
 
   std::error_code ec;
   const bool replace = overwrite && std::filesystem::exists(paths.final, ec);
+  if (replace) check_replaceable(paths.final);
   const int rc = engine.rename(paths.temporary, paths.final,
                                replace ? io::RenameMode::kExchange : io::RenameMode::kNoReplace);
   if (rc == -EEXIST || rc == -ENOTEMPTY) {

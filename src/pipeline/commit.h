@@ -14,6 +14,11 @@ struct CommitPaths {
   std::string final;
 };
 
+/// Throws Error(kAlreadyExists) unless `final_path` (which exists) is a snapshot that an
+/// overwrite may replace: a directory holding a MANIFEST.json. A save never replaces a directory
+/// that tsnap did not write (another tool's checkpoint, a user's files).
+void check_replaceable(const std::string& final_path);
+
 /// Steps 3-7 of the protocol: writes `manifest_text` as MANIFEST.json into the temporary
 /// directory (shard files are already fsynced and closed), fsyncs it and the directory, moves
 /// the directory to its final name (atomically swapping with an existing snapshot when

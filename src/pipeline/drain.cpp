@@ -149,10 +149,13 @@ bool Drain::drained(const std::string& name) const {
   try {
     m = read_manifest(config_.local_root / name);
   } catch (const Error&) {
-    return false;
   }
   std::lock_guard<std::mutex> lock(mu_);
-  return durable_.count({name, m->id}) != 0;
+  if (m) return durable_.count({name, m->id}) != 0;
+  // No local copy (local_keep_last removed it once drained, or it never was): drained when a
+  // save of that name reached the durable tier.
+  const auto it = durable_.lower_bound({name, std::string()});
+  return it != durable_.end() && it->first == name;
 }
 
 DrainStats Drain::stats() const {

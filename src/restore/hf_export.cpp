@@ -261,17 +261,53 @@ HfExportResult export_hf(const fs::path& snapshot, const fs::path& out,
   }
   const fs::path target = out.has_filename() ? out : out.parent_path();
   std::error_code ec;
+  // Replacing the output must never remove the input: refuse an output that is the snapshot,
+  // lies inside it, or holds it.
+  const fs::path in_path = fs::weakly_canonical(fs::absolute(snapshot), ec);
+  const fs::path out_path = fs::weakly_canonical(fs::absolute(target), ec);
+  const auto within = [](const fs::path& inner, const fs::path& outer) {
+    auto o = outer.begin(), i = inner.begin();
+    for (; o != outer.end() && !o->empty(); ++o, ++i) {
+      if (i == inner.end() || *i != *o) return false;
+    }
+    return true;
+  };
+  if (within(out_path, in_path) || within(in_path, out_path)) {
+    throw_error(ErrorCode::kInvalidArgument,
+                "the output " + target.string() + " is, lies inside or holds the snapshot " +
+                    snapshot.string() + ": choose an output outside it");
+  }
   const bool exists = fs::exists(fs::symlink_status(target, ec));
   if (exists && !options.overwrite) {
     throw_error(ErrorCode::kAlreadyExists,
-                target.string() + " already exists; pass overwrite to replace it");
+                target.string() + " already exists; pass overwrite (--overwrite) to replace it");
   }
 
   const Manifest manifest = read_manifest(snapshot);
+  std::vector<std::string> keys;
+  for (const TensorRecord& t : manifest.tensors) keys.push_back(t.name);
   if (!options.object.empty()) {
-    std::vector<std::string> keys;
-    for (const TensorRecord& t : manifest.tensors) keys.push_back(t.name);
     format::check_object(keys, options.object, snapshot.string());
+  } else {
+    // A checkpoint of several objects (model/, optim/, ...) is not one model: writing all its
+    // keys would give a model directory whose weights no loader finds.
+    const std::vector<std::string> objects = format::objects_of(keys);
+    const bool all_under_objects =
+        !keys.empty() && std::all_of(keys.begin(), keys.end(), [](const std::string& k) {
+          return k.find('/') != std::string::npos;
+        });
+    if (all_under_objects && objects.size() > 1) {
+      std::string list;
+      for (const std::string& o : objects) list += (list.empty() ? "" : ", ") + o;
+      throw_error(ErrorCode::kInvalidArgument,
+                  "snapshot " + snapshot.string() + " is a checkpoint of " +
+                      std::to_string(objects.size()) + " objects (" + list +
+                      "), not one model: choose the one to export with object (--object " +
+                      (std::binary_search(objects.begin(), objects.end(), "model")
+                           ? std::string("model")
+                           : objects.front()) +
+                      ")");
+    }
   }
   const bool link = linkable(manifest, options);
   if (link) check_intact(snapshot);

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "common/glob.h"
+#include "common/text_table.h"
 #include "format/dtype.h"
 #include "format/manifest_io.h"
 #include "restore/read_chunks.h"
@@ -46,15 +47,34 @@ std::vector<std::string> keys_under(const std::vector<std::string>& names,
 
 // The keys of `names` (bare, under options.key_prefix) that the patterns select; a pattern that
 // matches nothing is an error unless allow_unmatched, and so is a prefix that no key has.
+// Checks the key prefix against the snapshot's keys `all`: some key must start with it, and a
+// pattern must not (patterns apply to the keys without the prefix).
+void check_prefix(const std::vector<std::string>& all, const LoadOptions& options,
+                  const std::filesystem::path& path) {
+  const std::string& prefix = options.key_prefix;
+  if (prefix.empty()) return;
+  if (keys_under(all, prefix).empty() && !all.empty()) {
+    throw_error(ErrorCode::kKeyNotFound, "no key of " + path.string() + " starts with the key "
+                                             "prefix '" + prefix + "'" +
+                                             detail::near_keys_note(prefix, all));
+  }
+  for (const auto* patterns : {&options.include, &options.exclude}) {
+    for (const std::string& p : *patterns) {
+      if (p.compare(0, prefix.size(), prefix) == 0) {
+        throw_error(ErrorCode::kInvalidArgument,
+                    "pattern '" + p + "' starts with the key prefix '" + prefix +
+                        "': patterns apply to the keys without it ('" + p.substr(prefix.size()) +
+                        "')");
+      }
+    }
+  }
+}
+
 std::vector<std::string> select(const std::vector<std::string>& all, const LoadOptions& options,
                                 const std::filesystem::path& path) {
-  const std::vector<std::string> names = keys_under(all, options.key_prefix);
-  if (!options.key_prefix.empty() && names.empty() && !all.empty()) {
-    throw_error(ErrorCode::kKeyNotFound, "no key of " + path.string() + " starts with '" +
-                                             options.key_prefix + "'" +
-                                             detail::near_keys_note(options.key_prefix, all));
-  }
-  return detail::select_keys(names, options.include, options.exclude, !options.allow_unmatched);
+  check_prefix(all, options, path);
+  return detail::select_keys(keys_under(all, options.key_prefix), options.include,
+                             options.exclude, !options.allow_unmatched);
 }
 
 int64_t numel_of(const std::vector<int64_t>& shape) {
@@ -255,6 +275,7 @@ LoadReport load_into_from(const Source& src, StateDict& dest, const LoadOptions&
   const Manifest& m = src.manifest;
   const restore::PieceIndex index = restore::index_pieces(m);
   const std::vector<std::string> names = record_names(m);
+  check_prefix(names, options, path);
   const std::vector<std::string> keys =
       detail::select_keys(dest.keys(), options.include, options.exclude, !options.allow_unmatched);
 
@@ -297,14 +318,14 @@ LoadReport load_into_from(const Source& src, StateDict& dest, const LoadOptions&
   const std::string where = " (snapshot " + path.string() + "); nothing was written";
   if (!missing.empty()) {
     throw_error(ErrorCode::kKeyNotFound,
-                std::to_string(missing.size()) +
-                    " destination keys are not in the snapshot: " + join(missing) + where +
+                detail::count_of(missing.size(), "destination key is", "destination keys are") +
+                    " not in the snapshot: " + join(missing) + where +
                     detail::near_keys_note(options.key_prefix + missing[0], names));
   }
   if (!mismatched.empty()) {
     throw_error(ErrorCode::kShapeMismatch,
-                std::to_string(mismatched.size()) +
-                    " tensors do not fit their destination: " + join(mismatched) + where);
+                detail::count_of(mismatched.size(), "tensor does", "tensors do") +
+                    " not fit its destination: " + join(mismatched) + where);
   }
   if (!unusable.empty()) {
     throw_error(ErrorCode::kInvalidArgument,

@@ -67,10 +67,22 @@ TEST_F(Cli, ExportHfOneObjectAsBf16) {
   ASSERT_EQ(h.tensors.size(), 2u);
   EXPECT_EQ(h.metadata.at("format"), "pt");
 
-  // Split into files: the index names every key.
+  // A checkpoint of several objects without --object is refused, naming them.
+  const ToolRun objects = tsnap_cli("export --hf " + quoted(dir_.path() / "all") + " " +
+                                    quoted(snap()));
+  EXPECT_EQ(objects.status, 1) << objects.output;
+  EXPECT_TRUE(has(objects.output, "2 objects (model, optimizer)")) << objects.output;
+  EXPECT_TRUE(has(objects.output, "--object model")) << objects.output;
+  EXPECT_FALSE(fs::exists(dir_.path() / "all"));
+
+  // A model saved with bare keys. Split into files: the index names every key.
+  const fs::path bare = root() / "bare";
+  save(bare, StateDict{{"fc1.weight", test_support::make_tensor(at::kFloat, {8, 4}, 1)},
+                       {"fc1.bias", test_support::make_tensor(at::kFloat, {8}, 2)},
+                       {"step", test_support::make_tensor(at::kLong, {}, 3)}});
   const fs::path split = dir_.path() / "split";
   const ToolRun many =
-      tsnap_cli("export --hf " + quoted(split) + " " + quoted(snap()) + " --max-shard-size 64");
+      tsnap_cli("export --hf " + quoted(split) + " " + quoted(bare) + " --max-shard-size 64");
   ASSERT_EQ(many.status, 0) << many.output;
   std::ifstream in(split / "model.safetensors.index.json");
   const nlohmann::json index = nlohmann::json::parse(in);
@@ -78,12 +90,12 @@ TEST_F(Cli, ExportHfOneObjectAsBf16) {
   EXPECT_EQ(index["metadata"]["total_size"], 8 * 4 * 4 + 8 * 4 + 8);
 
   // An existing output is refused; a wrong dtype is a usage error.
-  EXPECT_EQ(tsnap_cli("export --hf " + quoted(out) + " " + quoted(snap())).status, 1);
-  const ToolRun linked = tsnap_cli("export --hf " + quoted(out) + " " + quoted(snap()) + " --overwrite");
+  EXPECT_EQ(tsnap_cli("export --hf " + quoted(out) + " " + quoted(bare)).status, 1);
+  const ToolRun linked = tsnap_cli("export --hf " + quoted(out) + " " + quoted(bare) + " --overwrite");
   EXPECT_EQ(linked.status, 0) << linked.output;
   EXPECT_TRUE(has(linked.output, "hard links")) << linked.output;
   const ToolRun copied =
-      tsnap_cli("export --hf " + quoted(out) + " " + quoted(snap()) + " --overwrite --copy");
+      tsnap_cli("export --hf " + quoted(out) + " " + quoted(bare) + " --overwrite --copy");
   EXPECT_EQ(copied.status, 0) << copied.output;
   EXPECT_FALSE(has(copied.output, "hard links")) << copied.output;
   EXPECT_EQ(tsnap_cli("export --hf x " + quoted(snap()) + " --dtype i8").status, 2);

@@ -168,8 +168,11 @@ TEST(Drain, LocalKeepLastRemovesOnlyDrainedSnapshots) {
   for (const std::string& name : dir_entries(t.durable.path())) {
     EXPECT_TRUE(verify(t.durable / name).empty()) << name;
   }
-  // Removed locally by retention: still counted as drained, not copied again.
+  // Removed locally by retention: still counted as drained, not copied again, and drained()
+  // says so (a loop waiting on it ends).
   EXPECT_EQ(snap.drain_stats().drained, 4);
+  for (int step = 1; step <= 4; ++step) EXPECT_TRUE(snap.drained(format::step_name(step))) << step;
+  EXPECT_FALSE(snap.drained(format::step_name(5)));
 }
 
 TEST(Drain, LatestLooksAtBothTiers) {

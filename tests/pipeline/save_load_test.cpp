@@ -14,6 +14,7 @@
 #include "tsnap/load.h"
 #include "tsnap/manifest.h"
 #include "tsnap/save.h"
+#include "tsnap/snapshotter.h"
 
 namespace tsnap {
 namespace {
@@ -252,6 +253,31 @@ TEST(SaveLoad, ExistingNameNeedsOverwrite) {
   EXPECT_TRUE(bitwise_equal(load(dir / "s").at("x"), at::full({3}, 2.0)));
   // Only the snapshot remains: the replaced one and the temporary are gone.
   EXPECT_EQ(test_support::dir_entries(dir.path()), std::vector<std::string>{"s"});
+}
+
+// Overwrite replaces snapshots only: a directory tsnap did not write (another tool's checkpoint)
+// is never swapped away and deleted.
+TEST(SaveLoad, OverwriteRefusesADirectoryThatIsNotASnapshot) {
+  TempDir dir;
+  std::filesystem::create_directories(dir / "other");
+  std::ofstream(dir / "other" / "model.pt") << "not tsnap's";
+  for (bool snapshotter : {false, true}) {
+    try {
+      if (snapshotter) {
+        Snapshotter snap({.root = dir.path()});
+        snap.save_async("other", StateDict{{"x", at::ones({3})}}, {}, {.overwrite = true}).wait();
+      } else {
+        save(dir / "other", StateDict{{"x", at::ones({3})}}, {}, {.overwrite = true});
+      }
+      ADD_FAILURE() << "replaced a directory that is not a snapshot";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kAlreadyExists) << e.what();
+      EXPECT_NE(std::string(e.what()).find("is not a tsnap snapshot"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_TRUE(std::filesystem::exists(dir / "other" / "model.pt"));
+  EXPECT_EQ(test_support::dir_entries(dir.path()), std::vector<std::string>{"other"});
 }
 
 TEST(SaveLoad, BadInputIsRejectedBeforeAnythingIsWritten) {

@@ -202,6 +202,45 @@ TEST(HfExport, OneObjectOfACheckpointConvertedToBf16) {
   EXPECT_THROW(export_hf(dir / "snap", dir / "int", {.dtype = at::kLong}), InvalidArgument);
 }
 
+// A checkpoint of several objects is not a model: without `object` the export is refused,
+// naming the objects (transformers would otherwise find no weight it knows).
+TEST(HfExport, ACheckpointOfSeveralObjectsNeedsAnObject) {
+  TempDir dir;
+  StateDict state;
+  state.insert("model/fc1.weight", test_support::make_tensor(at::kFloat, {4, 6}, 1));
+  state.insert("optim/fc1.weight/exp_avg", test_support::make_tensor(at::kFloat, {4, 6}, 2));
+  save(dir / "snap", state);
+  try {
+    export_hf(dir / "snap", dir / "hf");
+    ADD_FAILURE() << "no error";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("2 objects (model, optim)"), std::string::npos) << what;
+    EXPECT_NE(what.find("--object model"), std::string::npos) << what;
+  }
+  EXPECT_FALSE(fs::exists(dir / "hf"));
+}
+
+// Replacing the output never removes the input: an output that is, lies inside or holds the
+// snapshot is refused, whatever overwrite says.
+TEST(HfExport, RefusesAnOutputThatIsInsideOrHoldsTheSnapshot) {
+  TempDir dir;
+  fs::create_directories(dir / "root");
+  save(dir / "root" / "s", StateDict{{"w", at::ones({3})}});
+  for (const fs::path& out : {dir / "root" / "s", dir / "root" / "s" / "hf", dir / "root",
+                              dir / "root" / "." / "s" / ".." / "s"}) {
+    try {
+      export_hf(dir / "root" / "s", out, {.overwrite = true});
+      ADD_FAILURE() << "no error for " << out;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("choose an output outside it"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_TRUE(verify(dir / "root" / "s").empty());
+  EXPECT_TRUE(bitwise_equal(load(dir / "root" / "s").at("w"), at::ones({3})));
+}
+
 TEST(HfExport, RefusesAnExistingOutputUnlessOverwrite) {
   TempDir dir;
   save(dir / "a", StateDict{{"w", at::ones({3})}});

@@ -79,6 +79,26 @@ TEST_F(LoadInto, SnapshotKeysTheDestinationLacksAreReported) {
   EXPECT_FALSE(r.engine.empty());
 }
 
+// With a key prefix, patterns apply to the keys without it; a pattern written with the prefix
+// and a prefix that no key has are both told as such, not as "matches no key".
+TEST(LoadIntoPrefix, PatternsWithThePrefixAndAPrefixNoKeyHasAreNamed) {
+  TempDir dir;
+  save(dir / "c", StateDict{{"model/fc1.w", make_tensor(at::kFloat, {4}, 1)},
+                            {"model/fc2.w", make_tensor(at::kFloat, {4}, 2)}});
+  StateDict dest{{"fc1.w", at::zeros({4})}};
+  const std::string with_prefix = error_of(
+      [&] { load_into(dir / "c", dest, {.include = {"model/fc1.*"}, .key_prefix = "model/"}); },
+      ErrorCode::kInvalidArgument);
+  EXPECT_TRUE(has(with_prefix, "pattern 'model/fc1.*' starts with the key prefix 'model/'"))
+      << with_prefix;
+  EXPECT_TRUE(has(with_prefix, "('fc1.*')")) << with_prefix;
+  const std::string no_prefix = error_of(
+      [&] { load_into(dir / "c", dest, {.key_prefix = "modle/"}); }, ErrorCode::kKeyNotFound);
+  EXPECT_TRUE(has(no_prefix, "starts with the key prefix 'modle/'")) << no_prefix;
+  load_into(dir / "c", dest, {.include = {"fc1.*"}, .key_prefix = "model/"});
+  EXPECT_TRUE(bitwise_equal(dest.at("fc1.w"), make_tensor(at::kFloat, {4}, 1)));
+}
+
 TEST_F(LoadInto, NonContiguousDestinationsAreRefused) {
   const at::Tensor base = at::zeros({8, 16});
   dest_.set("a.w", base.t());
