@@ -49,6 +49,7 @@ detail::SaveState& state_of(const std::shared_ptr<detail::SaveState>& s) {
 void SaveHandle::wait() const {
   detail::SaveState& s = state_of(state_);
   std::unique_lock<std::mutex> lock(s.mu);
+  if (!s.done) s.owner.check("this save's Snapshotter");
   s.cv.wait(lock, [&] { return s.done; });
   if (s.error) std::rethrow_exception(s.error);
 }
@@ -56,6 +57,7 @@ void SaveHandle::wait() const {
 bool SaveHandle::wait_for(std::chrono::milliseconds timeout) const {
   detail::SaveState& s = state_of(state_);
   std::unique_lock<std::mutex> lock(s.mu);
+  if (!s.done) s.owner.check("this save's Snapshotter");
   return s.cv.wait_for(lock, timeout, [&] { return s.done; });
 }
 
@@ -68,6 +70,7 @@ bool SaveHandle::done() const {
 void SaveHandle::wait_staged() const {
   detail::SaveState& s = state_of(state_);
   std::unique_lock<std::mutex> lock(s.mu);
+  if (!s.staged) s.owner.check("this save's Snapshotter");
   s.cv.wait(lock, [&] { return s.staged; });
   if (s.stage_error) std::rethrow_exception(s.stage_error);
 }

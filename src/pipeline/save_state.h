@@ -8,6 +8,7 @@
 #include <mutex>
 #include <vector>
 
+#include "common/owner_process.h"
 #include "tsnap/save_handle.h"
 
 namespace tsnap::detail {
@@ -22,6 +23,7 @@ struct SaveState {
   std::vector<std::function<void(std::exception_ptr)>> callbacks;
   SaveStats stats;
   std::filesystem::path path;
+  OwnerProcess owner;  // a forked child cannot wait for it: its threads are not there
 
   /// Staging finished (with `e` on failure): wakes wait_staged().
   void mark_staged(std::exception_ptr e);

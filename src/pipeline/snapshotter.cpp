@@ -14,11 +14,13 @@
 #include <string>
 #include <thread>
 
+#include "common/owner_process.h"
 #include "common/sys_error.h"
 #include "io/thread_priority.h"
 #include "format/layout.h"
 #include "format/manifest_io.h"
 #include "format/safetensors.h"
+#include "pipeline/commit.h"
 #include "pipeline/coordinator.h"
 #include "pipeline/drain.h"
 #include "pipeline/rank_report.h"
@@ -49,6 +51,7 @@ namespace fs = std::filesystem;
 
 struct Snapshotter::Impl {
   std::optional<pipeline::RootLock> root_lock;  // first member: released after everything else
+  detail::OwnerProcess owner;  // a forked child cannot use it (common/owner_process.h)
   pipeline::Resources res;
   std::mutex mu;
   std::condition_variable cv;
@@ -300,14 +303,19 @@ void Snapshotter::Impl::completed() {
 Snapshotter::Snapshotter(SnapshotterOptions options)
     : impl_(std::make_unique<Impl>(std::move(options))) {}
 
-Snapshotter::~Snapshotter() = default;
+Snapshotter::~Snapshotter() {
+  // In a forked child the threads the state refers to do not exist: joining them would hang,
+  // so the copied state is left alone (the parent still owns the real one).
+  if (impl_ && impl_->owner.forked()) (void)impl_.release();
+}
 
 SaveHandle Snapshotter::save_async(const std::string& name, const StateDict& state,
                                    const nlohmann::json& metadata, const SaveOptions& options) {
+  impl_->owner.check("this Snapshotter");
   pipeline::Coordinator* coord = impl_->coordinator.get();
-  // A distributed save's id is drawn first, so that ranks stay in step even when this one
-  // fails to start; its failure is then reported to the others instead of leaving them waiting.
-  const std::string id = coord ? coord->next_save_id() : format::new_save_id();
+  // A distributed save's id is drawn first, so that a failure to start is reported to the
+  // other ranks instead of leaving them waiting.
+  const std::string id = coord ? coord->save_id(name) : format::new_save_id();
   try {
     return impl_->start(name, id, state, metadata, options);
   } catch (...) {
@@ -336,9 +344,12 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
   const std::string root = res.options.root.string();
   pipeline::CommitPaths paths{root, "", root + "/" + name};
   std::error_code ec;
-  if (!options.overwrite && fs::exists(paths.final, ec)) {
-    throw_error(ErrorCode::kAlreadyExists,
-                "snapshot " + paths.final + " already exists (pass overwrite to replace it)");
+  if (fs::exists(paths.final, ec)) {
+    if (!options.overwrite) {
+      throw_error(ErrorCode::kAlreadyExists,
+                  "snapshot " + paths.final + " already exists (pass overwrite to replace it)");
+    }
+    pipeline::check_replaceable(paths.final);
   }
   paths.temporary = root + "/" + format::temporary_name(name, id);
   const plan::RankOf ranks{coordinator ? coordinator->rank() : 0,
@@ -421,6 +432,7 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
 }
 
 void Snapshotter::wait_all() {
+  impl_->owner.check("this Snapshotter");
   std::unique_lock<std::mutex> lock(impl_->mu);
   impl_->cv.wait(lock, [&] { return impl_->running == 0; });
 }
@@ -455,6 +467,7 @@ std::optional<fs::path> Snapshotter::latest() const {
 const fs::path& Snapshotter::durable_root() const { return impl_->res.options.durable_root; }
 
 void Snapshotter::drain_wait() {
+  impl_->owner.check("this Snapshotter");
   if (impl_->drain) impl_->drain->wait();
 }
 

@@ -22,6 +22,7 @@
 #include <optional>
 #include <thread>
 
+#include "common/owner_process.h"
 #include "common/sys_error.h"
 #include "format/layout.h"
 #include "pipeline/coordinator.h"
@@ -98,6 +99,7 @@ struct PeriodicSnapshots::Impl {
   // Drain thread (a two-tier Snapshotter): retention of both tiers after each drain.
   void on_drained(const DrainRecord& record);
 
+  detail::OwnerProcess owner;
   Snapshotter& snapshotter;
   const Schedule schedule;
   const MakeCheckpoint make_checkpoint;
@@ -139,7 +141,10 @@ struct PeriodicSnapshots::Impl {
   pipeline::Coordinator* coord = nullptr;
   asio::steady_timer poll_timer{io};
   int64_t next_trigger = 0;  // hook thread
-  bool poll_failed = false;  // hook thread: logged once
+  // Set when the group's store cannot be reached (the rank hosting it has ended): this rank's
+  // hook takes no more snapshots and makes no more store calls. Logged once.
+  std::atomic<bool> group_ended{false};
+  void end_group(const std::string& why);
   std::deque<Trigger> agreed;  // guarded by mu; ascending steps
   // Training thread: the training's own time per step (between after_step calls, without the
   // hook's), over the last kStepWindow steps; a trigger's lead counts the fastest of them.
@@ -293,13 +298,19 @@ void PeriodicSnapshots::Impl::poll_triggers() {
                     t);
     }
   } catch (const std::exception& e) {
-    if (!poll_failed) log(std::string("tsnap: cannot read the group's snapshot triggers: ") + e.what());
-    poll_failed = true;
+    end_group(e.what());
+    return;  // no more polls: the group has ended
   }
   poll_timer.expires_after(std::chrono::milliseconds(50));
   poll_timer.async_wait([this](const boost::system::error_code& ec) {
     if (!ec) poll_triggers();
   });
+}
+
+void PeriodicSnapshots::Impl::end_group(const std::string& why) {
+  if (group_ended.exchange(true)) return;
+  log("tsnap: the group's store cannot be reached (the rank that hosts it, usually rank 0, has "
+      "ended?): this rank's periodic snapshots stop: " + detail::first_line(why));
 }
 
 void PeriodicSnapshots::Impl::restart_timer() {
@@ -493,12 +504,13 @@ int64_t PeriodicSnapshots::Impl::propose(int64_t step, SnapshotReason reason, in
   try {
     coord->post_trigger(t.dump());
   } catch (const std::exception& e) {
-    log(std::string("tsnap: cannot post a snapshot trigger to the group: ") + e.what());
+    end_group(e.what());
   }
   return step + lead;
 }
 
 void PeriodicSnapshots::Impl::after_step_distributed(int64_t step) {
+  if (group_ended.load()) return;  // logged once; nothing can be agreed any more
   const Clock::time_point now = Clock::now();
   if (last_after_step != Clock::time_point{}) {
     step_times[steps_timed++ % kStepWindow] =
@@ -535,9 +547,9 @@ void PeriodicSnapshots::Impl::after_step_distributed(int64_t step) {
                              to_string(t.reason) + " snapshot at step " + std::to_string(t.step) +
                              " only at step " + std::to_string(step);
     log("tsnap: " + what + ": it fails on every rank");
-    // Take this save's id and report it failed, so the others fail now and the ranks' save
-    // ids stay in step.
-    pipeline::report_no_part(*coord, coord->next_save_id(), format::step_name(t.step),
+    // Report this save failed, so that the others fail now, not on the group's timeout.
+    const std::string name = format::step_name(t.step);
+    pipeline::report_no_part(*coord, coord->save_id(name), name,
                              make_error(ErrorCode::kPeerFailed, what));
   }
   // A signal's trigger learned too late (training without collectives in lockstep, or a hook
@@ -604,7 +616,10 @@ PeriodicSnapshots::PeriodicSnapshots(Snapshotter& snapshotter, Schedule schedule
     : impl_(std::make_unique<Impl>(snapshotter, std::move(schedule), std::move(make_checkpoint),
                                    std::move(options))) {}
 
-PeriodicSnapshots::~PeriodicSnapshots() = default;
+PeriodicSnapshots::~PeriodicSnapshots() {
+  // In a forked child the hook's threads do not exist (common/owner_process.h).
+  if (impl_ && impl_->owner.forked()) (void)impl_.release();
+}
 
 int64_t PeriodicSnapshots::resume(const ApplyCheckpoint& apply) {
   Impl& m = *impl_;
@@ -655,6 +670,7 @@ int64_t PeriodicSnapshots::resume(const ApplyCheckpoint& apply) {
 
 void PeriodicSnapshots::after_step(int64_t step) {
   Impl& m = *impl_;
+  m.owner.check("this PeriodicSnapshots");
   if (m.stop_signal.load() != 0) return;
   if (m.coord) {
     // The training's time of the next step starts when this call returns (or throws).
