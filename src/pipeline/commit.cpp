@@ -50,7 +50,10 @@ void write_file_durably(io::Engine& engine, const std::string& path, const std::
 void check_replaceable(const std::string& final_path) {
   std::error_code ec;
   const auto st = std::filesystem::symlink_status(final_path + "/" + kManifestName, ec);
-  if (!std::filesystem::is_regular_file(st)) {
+  const bool empty_dir =
+      std::filesystem::is_directory(std::filesystem::symlink_status(final_path, ec)) &&
+      std::filesystem::is_empty(final_path, ec) && !ec;
+  if (!std::filesystem::is_regular_file(st) && !empty_dir) {
     throw_error(ErrorCode::kAlreadyExists,
                 final_path + " exists and is not a tsnap snapshot (it has no " + kManifestName +
                     "): overwrite replaces snapshots only; remove it or choose another name");
@@ -58,8 +61,7 @@ void check_replaceable(const std::string& final_path) {
 }
 
 uint64_t commit_directory(io::Engine& engine, const CommitPaths& paths,
-                          const std::string& manifest_text, bool overwrite,
-                          std::string* leftover) {
+                          const std::string& manifest_text, bool overwrite, std::string* leftover) {
   const std::string manifest = paths.temporary + "/" + kManifestName;
   write_file_durably(engine, manifest, manifest_text);
   check(engine.fsync_dir(paths.temporary), "fsync directory " + paths.temporary);

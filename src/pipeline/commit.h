@@ -15,8 +15,9 @@ struct CommitPaths {
 };
 
 /// Throws Error(kAlreadyExists) unless `final_path` (which exists) is a snapshot that an
-/// overwrite may replace: a directory holding a MANIFEST.json. A save never replaces a directory
-/// that tsnap did not write (another tool's checkpoint, a user's files).
+/// overwrite may replace: a directory holding a MANIFEST.json, or an empty directory. A save
+/// never replaces a directory that holds what tsnap did not write (another tool's checkpoint, a
+/// user's files).
 void check_replaceable(const std::string& final_path);
 
 /// Steps 3-7 of the protocol: writes `manifest_text` as MANIFEST.json into the temporary

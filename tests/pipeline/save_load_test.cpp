@@ -278,6 +278,10 @@ TEST(SaveLoad, OverwriteRefusesADirectoryThatIsNotASnapshot) {
   }
   EXPECT_TRUE(std::filesystem::exists(dir / "other" / "model.pt"));
   EXPECT_EQ(test_support::dir_entries(dir.path()), std::vector<std::string>{"other"});
+  // An empty directory holds nothing to lose (a directory made for the checkpoint beforehand).
+  std::filesystem::create_directories(dir / "empty");
+  save(dir / "empty", StateDict{{"x", at::ones({3})}}, {}, {.overwrite = true});
+  EXPECT_TRUE(bitwise_equal(load(dir / "empty").at("x"), at::ones({3})));
 }
 
 TEST(SaveLoad, BadInputIsRejectedBeforeAnythingIsWritten) {
