@@ -152,10 +152,20 @@ py::dict to_dict(const tsnap::StateDict& state) {
   return out;
 }
 
+// `dtype` is a torch.dtype, None, or (dtype, [(pattern, dtype), ...]) with per-key rules.
 tsnap::SaveOptions save_options(const py::object& dtype, const std::string& staging, bool overwrite,
                                 int num_shards, uint64_t chunk_bytes) {
   tsnap::SaveOptions options;
-  options.dtype = to_dtype(dtype);
+  if (py::isinstance<py::tuple>(dtype)) {
+    const auto pair = dtype.cast<py::tuple>();
+    options.dtype = to_dtype(pair[0]);
+    for (const py::handle rule : pair[1]) {
+      const auto r = rule.cast<py::tuple>();
+      options.dtype_rules.push_back({r[0].cast<std::string>(), to_dtype(r[1])});
+    }
+  } else {
+    options.dtype = to_dtype(dtype);
+  }
   options.staging = to_staging(staging);
   options.overwrite = overwrite;
   options.num_shards = num_shards;

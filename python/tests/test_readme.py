@@ -2,7 +2,8 @@
 runnable ones run, in order, in one namespace, in a temporary working directory.
 
 The README's loop trains a 1024x1024 layer for 10,000 steps, saving every 500. The test runs it
-scaled down by the textual substitutions in SCALE, and changes nothing else; a substitution
+scaled down by the textual substitutions in SCALE (and waits for a save in flight rather than
+skip the next one), and changes nothing else; a substitution
 that no longer finds its text fails the test, so the table follows the README. Blocks that
 start a process group (`init_process_group`: a launcher, several processes, GPUs) are only
 compiled and checked, not run. The ```sh blocks are not run. The C++ blocks are compiled by the
@@ -23,10 +24,13 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 
 # README text -> what the test runs instead: 20 steps of a 64x64 layer, a snapshot every 5.
+# Scaled down, a step takes microseconds and a snapshot due while the previous one writes would
+# be skipped (the hook's default), so the test waits for it instead, to know what to expect.
 SCALE = {
     "10_000": "20",
     "every_steps=500": "every_steps=5",
     "1024": "64",
+    "keep_last=3)": "keep_last=3, when_busy=\"wait\")",
 }
 # A block that contains one of these is compiled and checked, not run.
 NOT_RUN = ("init_process_group",)

@@ -29,6 +29,16 @@ def _saved_metadata(state, metadata):
     return tensors, text
 
 
+def _dtype_arg(dtype, dtype_rules):
+    """``dtype`` with its per-key rules, as the binding takes them."""
+    if not dtype_rules:
+        return dtype
+    if not isinstance(dtype_rules, dict):
+        raise TypeError("tsnap: dtype_rules must be a dict of glob pattern -> torch.dtype or None, "
+                        f"not {type(dtype_rules).__name__}")
+    return (dtype, [(str(k), v) for k, v in dtype_rules.items()])
+
+
 def _user_metadata(meta):
     return {k: v for k, v in meta.items() if k not in (TREE_KEY, _CHECKPOINT_INFO_KEY)}
 
@@ -117,21 +127,27 @@ class Snapshotter:
         self._group = group
 
     def save_async(self, name, state, metadata=None, dtype=None, staging="eager", *,
-                   overwrite=False, num_shards=0, chunk_bytes=0, incremental=None):
+                   overwrite=False, num_shards=0, chunk_bytes=0, incremental=None,
+                   dtype_rules=None):
         """Starts saving ``state`` (a dict, possibly nested) as ``<root>/<name>``.
 
         Returns a SaveHandle once every tensor is copied into staging buffers (``staging=
         'eager'``: the tensors may change from then on), or at once (``'lazy'``: call
         ``handle.wait_staged()`` before the tensors next change, e.g. before
-        ``optimizer.step()``). ``dtype`` (e.g. ``torch.bfloat16``) stores floating tensors in
-        that precision; integer and bool tensors keep theirs. ``metadata`` is a JSON-able dict
+        ``optimizer.step()``). ``dtype`` (e.g. ``torch.bfloat16``) stores weights and moments
+        in that precision; counters and scalars keep their dtype (0-d tensors such as Adam's
+        ``step``, keys ending in ``step``), and so do integer and bool tensors.
+        ``dtype_rules`` refines it per key, first match wins: ``{"*/exp_avg_sq":
+        torch.float32}`` keeps Adam's second moments in fp32 (keys as saved, e.g.
+        ``optim/state/0/exp_avg_sq``; None keeps a key's dtype). ``metadata`` is a JSON-able dict
         stored in the manifest. ``incremental`` (None: the Snapshotter's) overrides the
         Snapshotter's default for this save. Raises tsnap.Error for a bad name, an existing
         snapshot (unless ``overwrite``), or a save of the same name still in flight.
         """
         tensors, meta = _saved_metadata(state, metadata)
         tensors, shards = _dist.to_pieces(tensors, self._group)
-        return SaveHandle(self._s.save_async(name, tensors, meta, dtype, staging,
+        return SaveHandle(self._s.save_async(name, tensors, meta,
+                                             _dtype_arg(dtype, dtype_rules), staging,
                                              bool(overwrite), int(num_shards), int(chunk_bytes),
                                              incremental, shards))
 
@@ -146,7 +162,7 @@ class Snapshotter:
         meta = json.loads(meta_text)
         if flat or TREE_KEY not in meta:
             return tensors
-        return unflatten(meta[TREE_KEY], tensors)
+        return unflatten(meta[TREE_KEY], tensors, complete=include is None and exclude is None)
 
     def drain_wait(self):
         """With ``durable_root``: waits until every committed snapshot is in the durable tier;
@@ -191,14 +207,16 @@ class Snapshotter:
         self.close()
 
 
-def save(path, state, metadata=None, dtype=None, *, overwrite=False, num_shards=0):
+def save(path, state, metadata=None, dtype=None, *, overwrite=False, num_shards=0,
+         dtype_rules=None):
     """Saves ``state`` to the snapshot directory ``path`` and returns once it is committed.
 
     Returns its SaveStats. Arguments as ``Snapshotter.save_async``.
     """
     tensors, meta = _saved_metadata(state, metadata)
     tensors, shards = _dist.to_pieces(tensors, None)
-    return _C.save(_fspath(path), tensors, meta, dtype, bool(overwrite), int(num_shards), shards)
+    return _C.save(_fspath(path), tensors, meta, _dtype_arg(dtype, dtype_rules), bool(overwrite),
+                   int(num_shards), shards)
 
 
 def _group_of(group):
@@ -231,7 +249,7 @@ def load(path, include=None, exclude=None, *, verify=True, flat=False, allow_unm
                       bool(allow_unmatched))
     if flat or TREE_KEY not in meta:
         return tensors
-    return unflatten(meta[TREE_KEY], tensors)
+    return unflatten(meta[TREE_KEY], tensors, complete=include is None and exclude is None)
 
 
 def load_into(path, state, include=None, exclude=None, *, strict=False, verify=True,

@@ -43,8 +43,11 @@ def _where(path):
 def _encode(value, path, tensors):
     if isinstance(value, torch.Tensor):
         key = _key(path)
-        if not key:
+        if not path:
             raise ValueError("tsnap: a tensor needs a key (put it in a dict)")
+        if not key or "" in (str(p) for p in path):
+            raise ValueError(f"tsnap: the tensor at {path!r} has an empty key or key part: "
+                             "its saved key would be empty or ambiguous")
         if key in tensors:
             raise ValueError(f"tsnap: two values of the state have the key '{key}'")
         tensors[key] = value
@@ -78,38 +81,93 @@ def _encode(value, path, tensors):
 _MISSING = object()
 
 
-def unflatten(tree, tensors):
+def _bad(what):
+    from . import _C  # the extension's error classes (imported late: this module has no I/O)
+    e = _C.FormatError(f"tsnap: the snapshot's structure record ('{TREE_KEY}' in its "
+                       f"metadata) is not valid: {what}")
+    e.code = "bad_manifest"
+    e.errno = 0
+    return e
+
+
+def unflatten(tree, tensors, complete=True):
     """The state that ``tree`` describes, with the tensors of ``tensors``.
 
-    A tensor that ``tensors`` lacks (a load that selected keys) is left out: a dict drops the
-    entry (and an entry whose tensors are all missing), a list or tuple keeps None in its place.
+    A tensor that ``tensors`` lacks (a load that selected keys, ``complete=False``) is left out:
+    a dict drops the entry (and an entry whose tensors are all missing), a list or tuple keeps
+    None in its place. The record is checked against the tensors it names: every node well
+    formed, each tensor key named once, and with ``complete`` every tensor of ``tensors`` named
+    and every named key present; else tsnap.FormatError.
     """
-    out = _decode(tree, tensors)
+    named = set()
+    out = _decode(tree, tensors, named)
+    loaded = set(tensors)
+    if not loaded <= named:
+        extra = sorted(loaded - named)
+        raise _bad(f"it does not name {len(extra)} of the snapshot's tensors "
+                   f"({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''})")
+    if complete and named != loaded:
+        missing = sorted(named - loaded)
+        raise _bad(f"it names {len(missing)} tensor key(s) the snapshot does not hold "
+                   f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
     return {} if out is _MISSING else out
 
 
-def _decode(node, tensors):
-    if "t" in node:
-        return tensors.get(node["t"], _MISSING)
-    if "d" in node:
+_KINDS = {"t", "d", "l", "tu", "v", "bi", "f", "dt"}
+
+
+def _decode(node, tensors, named):
+    if not isinstance(node, dict):
+        raise _bad(f"a node is a {type(node).__name__}, not an object")
+    kinds = _KINDS.intersection(node)
+    if len(kinds) != 1 or not set(node) <= _KINDS | {"o"} or ("o" in node and "d" not in node):
+        raise _bad(f"unknown node {str(node)[:80]}")
+    kind = kinds.pop()
+    value = node[kind]
+    if kind == "t":
+        if not isinstance(value, str) or not value:
+            raise _bad(f"a tensor key is {value!r}, not a non-empty string")
+        if value in named:
+            raise _bad(f"the tensor key '{value}' is named twice")
+        named.add(value)
+        return tensors.get(value, _MISSING)
+    if kind == "d":
+        if not isinstance(value, list):
+            raise _bad("a dict's items are not a list")
         out = collections.OrderedDict() if node.get("o") else {}
-        for k, v in node["d"]:
-            value = _decode(v, tensors)
-            if value is not _MISSING:
-                out[k] = value
-        if not out and node["d"]:
+        for item in value:
+            if (not isinstance(item, list) or len(item) != 2 or isinstance(item[0], bool)
+                    or not isinstance(item[0], (str, int))):
+                raise _bad(f"a dict item is {str(item)[:80]}, not a [str or int key, node] pair")
+            k, v = item
+            decoded = _decode(v, tensors, named)
+            if decoded is not _MISSING:
+                out[k] = decoded
+        if not out and value:
             return _MISSING  # every entry was left out: leave the dict out too
         return out
-    if "l" in node or "tu" in node:
-        items = [_decode(v, tensors) for v in node.get("l", node.get("tu"))]
+    if kind in ("l", "tu"):
+        if not isinstance(value, list):
+            raise _bad("a list's items are not a list")
+        items = [_decode(v, tensors, named) for v in value]
         items = [None if v is _MISSING else v for v in items]
-        return items if "l" in node else tuple(items)
-    if "v" in node:
-        return node["v"]
-    if "bi" in node:
-        return int(node["bi"])
-    if "f" in node:
-        return float(node["f"])
-    if "dt" in node:
-        return getattr(torch, node["dt"])
-    raise ValueError(f"tsnap: unknown node in the saved structure: {node!r}")
+        return items if kind == "l" else tuple(items)
+    if kind == "v":
+        if value is not None and not isinstance(value, (bool, str, int)):
+            raise _bad(f"a plain value is a {type(value).__name__}")
+        return value
+    if kind == "bi":
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise _bad(f"a big integer is {str(value)[:40]!r}") from None
+    if kind == "f":
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if value in ("inf", "-inf", "nan"):
+            return float(value)
+        raise _bad(f"a float is {str(value)[:40]!r}")
+    dtype = getattr(torch, value, None) if isinstance(value, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise _bad(f"{str(value)[:40]!r} is not a torch dtype")
+    return dtype

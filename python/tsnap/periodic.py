@@ -1,10 +1,12 @@
 """Periodic snapshots for Python training loops, backed by tsnap's C++ hook."""
 
 import json
+import signal
+import threading
 
 from . import _C
 from . import _dist
-from ._api import Snapshotter, _saved_metadata, _user_metadata, load_into, metadata
+from ._api import Snapshotter, _dtype_arg, _saved_metadata, _user_metadata, load_into, metadata
 from ._tree import TREE_KEY, unflatten
 
 
@@ -55,7 +57,7 @@ class PeriodicSnapshots:
                  when_busy="skip", metadata=None, log=True, at_steps=(), continuous=False,
                  min_interval_seconds=0.0, max_overhead=0.0, keep_every_seconds=0.0,
                  keep_best=0, best_metric="", best_mode="min", keep_without_metric=True,
-                 group=None):
+                 dtype_rules=None, group=None):
         if when_busy not in ("skip", "wait"):
             raise ValueError(f"tsnap: when_busy must be 'skip' or 'wait', not {when_busy!r}")
         self._own_snapshotter = None
@@ -83,10 +85,24 @@ class PeriodicSnapshots:
             "max_overhead": float(max_overhead), "keep_every_seconds": float(keep_every_seconds),
             "keep_best": int(keep_best), "best_metric": str(best_metric),
             "best_mode": str(best_mode), "keep_without_metric": bool(keep_without_metric)}
-        self._h = _C.PeriodicSnapshots(
-            snapshotter._s, make, int(every_steps), float(every_seconds),
-            [int(s) for s in on_signals], int(keep_last), int(keep_every_steps), dtype, staging,
-            when_busy == "wait", bool(log), json.dumps(policies))
+        # SIGINT among on_signals: Ctrl-C takes a final snapshot at the end of the step, then
+        # after_step raises KeyboardInterrupt (Python's own handler would raise it mid-step,
+        # before any snapshot); a second Ctrl-C raises at once.
+        self._interrupts = 0
+        self._prev_sigint = None
+        if (int(signal.SIGINT) in [int(s) for s in on_signals]
+                and threading.current_thread() is threading.main_thread()):
+            self._prev_sigint = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            self._h = _C.PeriodicSnapshots(
+                snapshotter._s, make, int(every_steps), float(every_seconds),
+                [int(s) for s in on_signals], int(keep_last), int(keep_every_steps),
+                _dtype_arg(dtype, dtype_rules), staging,
+                when_busy == "wait", bool(log), json.dumps(policies))
+        except BaseException:
+            if self._prev_sigint is not None:
+                signal.signal(signal.SIGINT, self._prev_sigint)
+            raise
 
     def resume(self, apply, into=None):
         """Loads the newest valid snapshot (by step; corrupt ones are skipped), calls
@@ -116,9 +132,20 @@ class PeriodicSnapshots:
 
         return self._h.resume(on_checkpoint)
 
+    def _on_sigint(self, signum, frame):
+        self._interrupts += 1
+        if self._interrupts > 1:
+            raise KeyboardInterrupt  # a second Ctrl-C: at once
+
     def after_step(self, step):
-        """Reports that ``step`` steps are complete; saves when one is due."""
+        """Reports that ``step`` steps are complete; saves when one is due.
+
+        With SIGINT among ``on_signals``, a Ctrl-C is turned into a final snapshot here, and
+        then raises KeyboardInterrupt, as Ctrl-C would have, once that snapshot is committed."""
         self._h.after_step(int(step))
+        if self._interrupts and self._h.stop_signal == int(signal.SIGINT):
+            self._interrupts = 0
+            raise KeyboardInterrupt("tsnap: SIGINT: the final snapshot was taken first")
 
     def before_optimizer_step(self):
         """Lazy staging: waits until the last snapshot is staged."""
@@ -146,6 +173,9 @@ class PeriodicSnapshots:
         """Waits for the save in flight, stops the hook's thread, restores signal handlers
         (and closes the Snapshotter the hook made, if given a root)."""
         self._h.close()
+        if self._prev_sigint is not None:
+            signal.signal(signal.SIGINT, self._prev_sigint)
+            self._prev_sigint = None
         if self._own_snapshotter is not None:
             self._own_snapshotter.close()
 
