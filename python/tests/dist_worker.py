@@ -194,6 +194,36 @@ def main():
             snap.close()
         except tsnap.Error:
             pass
+    elif scenario == "from_cpp":
+        # ARGS[0]: a snapshot the C++ engine wrote on other ranks; every tensor with a first
+        # dimension of at least this world's size is loaded as a Shard(0) DTensor, the rest
+        # whole, and compared with the same layout cut from a one-process load.
+        dist.init_process_group("gloo")
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+        mesh = init_device_mesh("cpu", (world,))
+        full = tsnap.load(args[0], flat=True)
+
+        def laid_out(t):
+            if t.dim() >= 1 and t.shape[0] >= world:
+                return distribute_tensor(t, mesh, [Shard(0)], src_data_rank=None)
+            return t.clone()
+
+        dest = {k: laid_out(torch.zeros_like(v)) for k, v in full.items()}
+        tsnap.load_into(args[0], dest)
+        bad = []
+        for k, got in dest.items():
+            want = laid_out(full[k])
+            if isinstance(got, DTensor):
+                got, want = got.to_local(), want.to_local()
+            if not torch.equal(got.reshape(-1).view(torch.uint8),
+                               want.reshape(-1).view(torch.uint8)):
+                bad.append(k)
+        result["keys"] = len(dest)
+        result["sharded"] = sum(isinstance(v, DTensor) for v in dest.values())
+        result["bad"] = bad
+        dist.destroy_process_group()
+
     else:
         raise SystemExit(f"unknown scenario {scenario}")
 
