@@ -12,6 +12,7 @@ whatever mesh, placements or world size wrote the snapshot.
 import datetime
 import itertools
 import os
+import sys
 import zlib
 
 import torch
@@ -132,11 +133,11 @@ class DistGroup:
 
 
 def _dtensor_type():
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:
-        return None
-    return DTensor
+    """The DTensor class, or None while torch.distributed.tensor is not imported: then no
+    DTensor exists, and a save or load of plain tensors does not pay for importing it (about
+    a second, at the first call)."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
 
 
 def _layout(key, dt):
