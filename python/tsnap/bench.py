@@ -41,16 +41,9 @@ METHODS = {
 }
 
 
-def make_state(size_mb, seed=0):
-    """A GPT-2 shaped model state and Adam state (named), fp32, about size_mb MB in all."""
-    params_bytes = size_mb * 1e6 / 3  # parameters + exp_avg + exp_avg_sq
-    d = 768
-    per_layer = 12 * d * d + 13 * d  # qkv, proj, mlp in/out, biases and norms
-    layers = max(1, int((params_bytes / 4 - 50257 * d - 1024 * d) / per_layer))
-    vocab = 50257
-    if params_bytes / 4 < vocab * d + 1024 * d + per_layer:  # small: shrink the vocabulary
-        vocab = max(1000, int(params_bytes / 4 / d) - 1024 - 12 * d)
-    shapes = {"wte.weight": (vocab, d), "wpe.weight": (1024, d)}
+def gpt2_shapes(vocab, d, layers, positions=1024):
+    """Parameter name -> shape of a GPT-2 shaped model (GPT-2 small: 50257, 768, 12)."""
+    shapes = {"wte.weight": (vocab, d), "wpe.weight": (positions, d)}
     for i in range(layers):
         p = f"h.{i}."
         shapes.update({p + "ln_1.weight": (d,), p + "ln_1.bias": (d,),
@@ -60,11 +53,28 @@ def make_state(size_mb, seed=0):
                        p + "mlp.c_fc.weight": (d, 4 * d), p + "mlp.c_fc.bias": (4 * d,),
                        p + "mlp.c_proj.weight": (4 * d, d), p + "mlp.c_proj.bias": (d,)})
     shapes.update({"ln_f.weight": (d,), "ln_f.bias": (d,)})
+    return shapes
+
+
+def state_of(shapes, seed=0):
+    """The model state and Adam state (both moments, a step) of these shapes, fp32, random."""
     g = torch.Generator().manual_seed(seed)
     model = {k: torch.rand(s, generator=g) for k, s in shapes.items()}
     optim = {k: {"step": torch.tensor(100.0), "exp_avg": torch.rand(s, generator=g),
                  "exp_avg_sq": torch.rand(s, generator=g)} for k, s in shapes.items()}
     return {"model": model, "optim": {"state": optim}}
+
+
+def make_state(size_mb, seed=0):
+    """A GPT-2 shaped model state and Adam state (named), fp32, about size_mb MB in all."""
+    params_bytes = size_mb * 1e6 / 3  # parameters + exp_avg + exp_avg_sq
+    d = 768
+    per_layer = 12 * d * d + 13 * d  # qkv, proj, mlp in/out, biases and norms
+    layers = max(1, int((params_bytes / 4 - 50257 * d - 1024 * d) / per_layer))
+    vocab = 50257
+    if params_bytes / 4 < vocab * d + 1024 * d + per_layer:  # small: shrink the vocabulary
+        vocab = max(1000, int(params_bytes / 4 / d) - 1024 - 12 * d)
+    return state_of(gpt2_shapes(vocab, d, layers), seed)
 
 
 def tensors_of(state):
@@ -290,20 +300,58 @@ def table(results):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m tsnap.bench", description=__doc__,
+    from . import _bench_dist
+    p = argparse.ArgumentParser(prog="python -m tsnap.bench",
+                                description=__doc__ + "\n" + _bench_dist.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size-mb", type=int, default=256, help="state size in MB (default 256)")
-    p.add_argument("--repeat", type=int, default=5, help="saves per method (default 5)")
+    p.add_argument("--repeat", "--reps", type=int, default=None,
+                   help="saves per method (default 5; 3 with --ranks)")
+    p.add_argument("--ranks", type=int, default=0,
+                   help="N >= 2: N ranks on this machine (Gloo on CPU), tsnap vs DCP, in the "
+                   "replicated and the row-sharded layout (described above)")
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="with --ranks: the state is this times GPT-2 small + Adam (1.49 GB)")
+    p.add_argument("--layouts", default="replicated,sharded",
+                   help="with --ranks: comma-separated, of: replicated, sharded")
+    p.add_argument("--reuse-ranks", action="store_true",
+                   help="with --ranks: run every method in the same N processes, one after "
+                   "the other (quicker to start; for smoke tests, not for figures)")
+    p.add_argument("--timeout", type=float, default=1800,
+                   help="with --ranks: seconds before the ranks of one method are killed")
     p.add_argument("--dir", default=None, help="where to write (default: a temporary directory "
                    "under the current one, removed afterwards)")
     # DCP's cached staging pins memory, which needs CUDA.
     default = [m for m in METHODS if m != "dcp.async.cached" or torch.cuda.is_available()]
-    p.add_argument("--methods", default=",".join(default),
-                   help=f"comma-separated, of: {', '.join(METHODS)}")
+    p.add_argument("--methods", default=None,
+                   help=f"comma-separated, of: {', '.join(METHODS)} (default: "
+                   f"{','.join(default)}); with --ranks, of: {', '.join(_bench_dist.METHODS)} "
+                   f"(default: {','.join(_bench_dist.default_methods())})")
     p.add_argument("--json", default=None, help="also write every figure to this file")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
+    if args.ranks:
+        if args.ranks < 2:
+            p.error("--ranks needs at least 2 ranks")
+        if not 0 < args.scale <= 1:
+            p.error("--scale must be in (0, 1]")
+        args.repeat = args.repeat or 3
+        args.layouts = [x for x in args.layouts.split(",") if x]
+        methods = (args.methods.split(",") if args.methods else _bench_dist.default_methods())
+        for name in args.layouts:
+            if name not in _bench_dist.LAYOUTS:
+                p.error(f"unknown layout '{name}'")
+        for m in methods:
+            if m not in _bench_dist.METHODS:
+                p.error(f"unknown method '{m}' for --ranks")
+        report = _bench_dist.run(args, methods)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=1)
+        return 0
+    args.repeat = args.repeat or 5
+    args.methods = args.methods or ",".join(default)
     if args.worker:
         print(json.dumps(run_worker(args.worker, args.size_mb, args.repeat, args.dir)))
         return 0
