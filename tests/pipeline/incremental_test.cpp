@@ -174,6 +174,15 @@ FileRecord file_of(const Manifest& m, const std::string& key) {
   throw std::runtime_error("no file for " + key);
 }
 
+// s<step> under `dir` holds its state, and wrote the frozen backbone's file afresh (a base file
+// that is not what its manifest says is never reused).
+void expect_backbone_written_afresh(const fs::path& dir, int step) {
+  expect_holds(dir / step_name(step), step);
+  EXPECT_TRUE(file_of(read_manifest(dir / step_name(step)), "backbone.layer0.weight")
+                  .reused_from.empty())
+      << "s" << step << " reused the bad file";
+}
+
 // Bit rot must not spread: a base chunk is reused only once its bytes are read and proven equal.
 TEST(Incremental, ACorruptBaseChunkIsWrittenAfreshNotSpread) {
   TempDir dir;
@@ -185,9 +194,7 @@ TEST(Incremental, ACorruptBaseChunkIsWrittenAfreshNotSpread) {
   test_support::flip_byte(dir / "s1" / frozen->file, frozen->begin + 100);
   SaveHandle h = snap.save_async("s2", state_at(2));
   h.wait();
-  expect_holds(dir / "s2", 2);
-  EXPECT_TRUE(file_of(read_manifest(dir / "s2"), "backbone.layer0.weight").reused_from.empty())
-      << "the corrupt file was linked";
+  expect_backbone_written_afresh(dir.path(), 2);
   EXPECT_GT(h.stats().linked_bytes, 0u) << "the intact files are still linked";
   EXPECT_FALSE(verify(dir / "s1").empty()) << "s1 itself stays as it is (corrupt)";
 }
@@ -234,8 +241,7 @@ TEST(Incremental, ABaseFileSwappedForAnotherSnapshotsIsNotReused) {
   fs::copy_file(other / "s1" / file, dir / "s1" / "swap.tmp");
   fs::rename(dir / "s1" / "swap.tmp", dir / "s1" / file);
   snap.save_async("s2", state_at(2)).wait();
-  expect_holds(dir / "s2", 2);
-  EXPECT_TRUE(file_of(read_manifest(dir / "s2"), "backbone.layer0.weight").reused_from.empty());
+  expect_backbone_written_afresh(dir.path(), 2);
 }
 
 TEST(Incremental, ALinkedFileModifiedInPlaceIsNotLinkedAgain) {
@@ -249,8 +255,7 @@ TEST(Incremental, ALinkedFileModifiedInPlaceIsNotLinkedAgain) {
   const TensorRecord* t = m2.find("backbone.layer0.weight");
   test_support::flip_byte(dir / "s2" / linked.name, t->begin + 100);  // s1's inode too
   snap.save_async("s3", state_at(3)).wait();
-  expect_holds(dir / "s3", 3);
-  EXPECT_TRUE(file_of(read_manifest(dir / "s3"), "backbone.layer0.weight").reused_from.empty());
+  expect_backbone_written_afresh(dir.path(), 3);
 }
 
 TEST(Incremental, OverwritingTheBaseItselfKeepsItsBytes) {
