@@ -670,7 +670,6 @@ int64_t PeriodicSnapshots::resume(const ApplyCheckpoint& apply) {
 
 void PeriodicSnapshots::after_step(int64_t step) {
   Impl& m = *impl_;
-  m.owner.check("this PeriodicSnapshots");
   if (m.stop_signal.load() != 0) return;
   if (m.coord) {
     // The training's time of the next step starts when this call returns (or throws).
