@@ -104,8 +104,15 @@ TEST(DrainCrash, KilledDrainNeverLeavesABadDurableSnapshot) {
                                              {{"TSNAP_DRAIN_LOCAL", local.path().string()},
                                               {"TSNAP_DRAIN_DURABLE", durable.path().string()}});
     ASSERT_GE(pid, 0);
-    // LibTorch takes about a second to load in the child; then it saves and drains.
-    std::this_thread::sleep_for(std::chrono::milliseconds(1200 + rng() % 1600));
+    // LibTorch takes a second or more to load in the child (longer on a loaded machine); the
+    // kill comes at a random moment after its first local commit, while it saves and drains.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    std::error_code ec;
+    while (!fs::exists(local / format::step_name(1) / kManifestName, ec) &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 1600));
     ::kill(pid, SIGKILL);
     int status = 0;
     ::waitpid(pid, &status, 0);
