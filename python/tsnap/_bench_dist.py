@@ -200,13 +200,7 @@ class Dcp:
                 kwargs["storage_writer"] = self.dcp.FileSystemWriter(
                     path, cache_staged_state_dict=True)
             result = self.dcp.async_save(self.state, checkpoint_id=path, **kwargs)
-            if hasattr(result, "staging_completion"):  # staging in the background
-                result.staging_completion.result()
-                stall = time.perf_counter() - t0
-                result.upload_completion.result()
-            else:
-                stall = time.perf_counter() - t0
-                result.result()
+            stall = bench.wait_dcp_async(result, t0)
         if int(os.environ["RANK"]) == 0:
             bench.fsync_dir(path)
             bench.fsync_dir(self.workdir)

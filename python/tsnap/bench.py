@@ -117,6 +117,20 @@ def drop_page_cache(path):
             os.close(fd)
 
 
+def wait_dcp_async(result, t0):
+    """Waits for a DCP ``async_save`` result; returns its stall: the time from ``t0`` until
+    the state may change (with a stager staging in the background, until its staging is
+    done; else until the call returned)."""
+    if hasattr(result, "staging_completion"):  # AsyncSaveResponse: staging in background
+        result.staging_completion.result()
+        stall = time.perf_counter() - t0
+        result.upload_completion.result()
+    else:
+        stall = time.perf_counter() - t0
+        result.result()
+    return stall
+
+
 def fsync_dir(path):
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -194,13 +208,7 @@ class DcpAsync(DcpSave):
             kwargs["storage_writer"] = self.dcp.FileSystemWriter(path, cache_staged_state_dict=True)
         t0 = time.perf_counter()
         result = self.dcp.async_save(self.state, checkpoint_id=path, no_dist=True, **kwargs)
-        if hasattr(result, "staging_completion"):  # AsyncSaveResponse: staging in background
-            result.staging_completion.result()
-            stall = time.perf_counter() - t0
-            result.upload_completion.result()
-        else:
-            stall = time.perf_counter() - t0
-            result.result()
+        stall = wait_dcp_async(result, t0)
         return stall, time.perf_counter() - t0, path
 
     def close(self):
