@@ -124,7 +124,8 @@ struct TSNAP_API DrainStats {
 /// have everything durable.
 class TSNAP_API Snapshotter {
  public:
-  /// Starts the io thread; with a fixed budget, maps the staging pool (faulted in later, off the caller).
+  /// Starts the io thread; with a fixed budget, makes the staging pool and faults it in on
+  /// every core (1.5 GB: 0.2-0.7 s on a 2-core VM), so that no save pays for fresh pages.
   /// Errors: InvalidArgument for bad options; IoError if the root cannot be created.
   explicit Snapshotter(SnapshotterOptions options);
   ~Snapshotter();
@@ -146,6 +147,17 @@ class TSNAP_API Snapshotter {
   /// Saves a multi-object checkpoint (its flattened state and metadata).
   SaveHandle save_async(const std::string& name, const Checkpoint& checkpoint,
                         const SaveOptions& options = {});
+
+  /// With the automatic staging budget, sizes the staging pool for saves of `state` (as the
+  /// first save would) and faults it in now, on every core, so that the first save stalls no
+  /// longer than the later ones: call it once before the training loop, with the state complete
+  /// (an optimizer makes its moments at its first step; PeriodicSnapshots prepares at its
+  /// first after_step). Takes nothing from `state` but its layout. A no-op once the pool exists
+  /// (a fixed budget, an earlier prepare or save). Errors: as save_async's planning
+  /// (InvalidArgument for bad options or keys).
+  void prepare(const StateDict& state, const SaveOptions& options = {});
+  /// prepare() for a multi-object checkpoint's flattened state.
+  void prepare(const Checkpoint& checkpoint, const SaveOptions& options = {});
 
   /// Waits for every save in flight; does not throw (each handle keeps its error).
   void wait_all();

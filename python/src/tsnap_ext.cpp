@@ -476,6 +476,19 @@ PYBIND11_MODULE(_C, m) {
            py::arg("name"), py::arg("tensors"), py::arg("metadata"), py::arg("dtype"),
            py::arg("staging"), py::arg("overwrite"), py::arg("num_shards"), py::arg("chunk_bytes"),
            py::arg("incremental"), py::arg("shards") = Shards{})
+      .def("prepare",
+           [](PySnapshotter& self, const std::map<std::string, at::Tensor>& tensors,
+              const py::object& dtype, int num_shards, uint64_t chunk_bytes,
+              const Shards& shards) {
+             const tsnap::StateDict state = to_state(tensors, shards);
+             const tsnap::SaveOptions options =
+                 save_options(dtype, "eager", false, num_shards, chunk_bytes);
+             tsnap::Snapshotter& snap = self.get();
+             py::gil_scoped_release release;
+             snap.prepare(state, options);
+           },
+           py::arg("tensors"), py::arg("dtype"), py::arg("num_shards"), py::arg("chunk_bytes"),
+           py::arg("shards") = Shards{})
       .def("wait_all",
            [](PySnapshotter& self) {
              tsnap::Snapshotter& snap = self.get();

@@ -151,6 +151,18 @@ class Snapshotter:
                                              bool(overwrite), int(num_shards), int(chunk_bytes),
                                              incremental, shards))
 
+    def prepare(self, state, dtype=None, *, num_shards=0, chunk_bytes=0, dtype_rules=None):
+        """Sizes the staging buffers for saves of ``state`` (as its first save would, with the
+        automatic ``staging_budget``) and faults them in now, on every core, so that the first
+        ``save_async`` stalls no longer than the later ones. Call it once, with the state complete
+        (an optimizer makes its moments at its first step; ``PeriodicSnapshots`` prepares at its
+        first ``after_step``); it reads only the layout of ``state``. A no-op
+        once the buffers exist (a fixed budget, an earlier prepare or save)."""
+        tensors, _ = _saved_metadata(state, None)
+        tensors, shards = _dist.to_pieces(tensors, self._group)
+        self._s.prepare(tensors, _dtype_arg(dtype, dtype_rules), int(num_shards),
+                        int(chunk_bytes), shards)
+
     def load_hot(self, include=None, exclude=None, *, flat=False):
         """The last committed snapshot from memory (``keep_hot=True``), as ``load`` returns it
         (every chunk verified against its hash), or None when none is in memory (keep_hot off,

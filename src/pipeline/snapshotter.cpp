@@ -81,6 +81,8 @@ struct Snapshotter::Impl {
   void make_pool(uint64_t budget);
   void start_drain();
   void ensure_pool(const plan::Plan& plan);
+  plan::Plan make_save_plan(const StateDict& state, const SaveOptions& options,
+                            const std::string& id, const plan::Layout& layout) const;
 
   SaveHandle start(const std::string& name, const std::string& id, const StateDict& state,
                    const nlohmann::json& metadata, const SaveOptions& options);
@@ -173,14 +175,17 @@ void Snapshotter::Impl::make_pool(uint64_t budget) {
   const SnapshotterOptions& o = res.options;
   const size_t count = std::max<size_t>(2, static_cast<size_t>(budget / o.chunk_bytes));
   res.pool = std::make_unique<stage::StagingPool>(count, o.chunk_bytes, /*pinned=*/true);
+  // Every save, the first included, copies into faulted-in pages: the pool is faulted in here,
+  // on every core, where the cost is the pool's making (construction with a fixed budget,
+  // prepare(), or the first save with the automatic one) and not a later save's stall.
+  res.pool->fault_in_now();
   std::vector<iovec> iovs;
   for (size_t i = 0; i < res.pool->count(); ++i) {
     iovs.push_back({res.pool->data(static_cast<int>(i)), res.pool->buffer_bytes()});
   }
-  // The pool faults itself in on a background thread (staging_pool.h), then registers its
-  // buffers with io_uring (which pins them, and would fault them in here otherwise); writes
-  // made before that are plain writes from the same buffers. ~Impl stops it before the host
-  // goes.
+  // A background thread registers the buffers with io_uring (pinning them takes a while);
+  // writes made before that are plain writes from the same buffers. ~Impl stops it before
+  // the host goes.
   io::Engine& engine = res.host->engine();
   res.pool->fault_in_background(o.background_priority, [&engine, iovs = std::move(iovs)] {
     try {
@@ -221,6 +226,27 @@ std::unique_ptr<plan::Base> Snapshotter::Impl::find_base() {
     }
   }
   return nullptr;
+}
+
+plan::Plan Snapshotter::Impl::make_save_plan(const StateDict& state, const SaveOptions& options,
+                                             const std::string& id,
+                                             const plan::Layout& layout) const {
+  const uint64_t chunk = options.chunk_bytes ? options.chunk_bytes : res.options.chunk_bytes;
+  if (chunk > res.options.chunk_bytes) {
+    throw_error(ErrorCode::kInvalidArgument, "chunk_bytes " + std::to_string(chunk) +
+                                                 " exceeds the Snapshotter's buffer size " +
+                                                 std::to_string(res.options.chunk_bytes));
+  }
+  const plan::RankOf ranks{coordinator ? coordinator->rank() : 0,
+                           coordinator ? coordinator->world_size() : 1};
+  const int io_threads = std::max(1, res.options.io_threads);
+  plan::Plan plan = plan::make_plan(state, options, chunk, id, io_threads, ranks, layout);
+  // A rank's hot image holds every entry it restores: the replicated entries that other ranks
+  // write are staged too (the stall copies them), into files that stay in memory.
+  if (res.options.keep_hot && ranks.world_size > 1) {
+    plan::add_memory_files(plan, state, options, chunk, io_threads, ranks);
+  }
+  return plan;
 }
 
 void Snapshotter::Impl::ensure_pool(const plan::Plan& plan) {
@@ -324,6 +350,15 @@ SaveHandle Snapshotter::save_async(const std::string& name, const StateDict& sta
   }
 }
 
+void Snapshotter::prepare(const StateDict& state, const SaveOptions& options) {
+  impl_->owner.check("this Snapshotter");
+  {
+    std::lock_guard<std::mutex> lock(impl_->pool_mu);
+    if (impl_->res.pool) return;
+  }
+  impl_->ensure_pool(impl_->make_save_plan(state, options, format::new_save_id(), {}));
+}
+
 SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& id,
                                     const StateDict& state, const nlohmann::json& metadata,
                                     const SaveOptions& options) {
@@ -334,13 +369,6 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
                 std::string("metadata must be a JSON object, not ") + metadata.type_name());
   }
   format::check_metadata_writable(metadata);
-  pipeline::Resources& res = this->res;
-  const uint64_t chunk = options.chunk_bytes ? options.chunk_bytes : res.options.chunk_bytes;
-  if (chunk > res.options.chunk_bytes) {
-    throw_error(ErrorCode::kInvalidArgument, "chunk_bytes " + std::to_string(chunk) +
-                                                 " exceeds the Snapshotter's buffer size " +
-                                                 std::to_string(res.options.chunk_bytes));
-  }
   const std::string root = res.options.root.string();
   pipeline::CommitPaths paths{root, "", root + "/" + name};
   std::error_code ec;
@@ -352,8 +380,6 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
     pipeline::check_replaceable(paths.final);
   }
   paths.temporary = root + "/" + format::temporary_name(name, id);
-  const plan::RankOf ranks{coordinator ? coordinator->rank() : 0,
-                           coordinator ? coordinator->world_size() : 1};
   plan::Layout layout;
   layout.incremental = options.incremental.value_or(res.options.incremental);
   std::unique_ptr<plan::Base> base;
@@ -373,8 +399,7 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
     previous = kept_plans;
   }
   for (const auto& p : previous) layout.previous.push_back(p.get());
-  plan::Plan plan = plan::make_plan(state, options, chunk, id,
-                                    std::max(1, res.options.io_threads), ranks, layout);
+  plan::Plan plan = make_save_plan(state, options, id, layout);
   if (!plan.reused && !plan.entries.empty()) {
     auto kept = std::make_shared<plan::Plan>(plan);
     for (plan::PlannedFile& file : kept->files) {
@@ -383,12 +408,6 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
     std::lock_guard<std::mutex> lock(base_mu);
     kept_plans.push_front(std::move(kept));
     if (kept_plans.size() > kKeptPlans) kept_plans.pop_back();
-  }
-  // A rank's hot image holds every entry it restores: the replicated entries that other ranks
-  // write are staged too (the stall copies them), into files that stay in memory.
-  if (res.options.keep_hot && ranks.world_size > 1) {
-    plan::add_memory_files(plan, state, options, chunk, std::max(1, res.options.io_threads),
-                           ranks);
   }
   ensure_pool(plan);
 

@@ -91,6 +91,10 @@ struct PeriodicSnapshots::Impl {
   void wait_for_signal();
   void chain(int sig);
   void restore_signals();
+  // Sizes and faults in the Snapshotter's staging pool for this hook's checkpoint
+  // (Snapshotter::prepare), once: at the first after_step.
+  void prepare();
+  bool prepared = false;  // training thread
 
   // Completion thread: retention (file system work, which can take seconds when fsync is slow)
   // and the user's callbacks, kept off the hook thread so that trigger polls stay on time.
@@ -668,9 +672,23 @@ int64_t PeriodicSnapshots::resume(const ApplyCheckpoint& apply) {
   return 0;
 }
 
+void PeriodicSnapshots::Impl::prepare() {
+  // At the first step, when the state is complete (an optimizer makes its moments at its
+  // first step): the first snapshot then stalls like the later ones. A failure here would
+  // fail that snapshot too, which reports it; the step goes on.
+  prepared = true;
+  try {
+    snapshotter.prepare(make_checkpoint(), options.save);
+  } catch (const std::exception& e) {
+    log(std::string("tsnap: could not prepare the staging buffers: ") +
+        detail::first_line(e.what()));
+  }
+}
+
 void PeriodicSnapshots::after_step(int64_t step) {
   Impl& m = *impl_;
   if (m.stop_signal.load() != 0) return;
+  if (!m.prepared) m.prepare();
   if (m.coord) {
     // The training's time of the next step starts when this call returns (or throws).
     struct Stamp {

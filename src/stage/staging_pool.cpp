@@ -56,6 +56,32 @@ void StagingPool::fault_in(int index, std::unique_lock<std::mutex>& lock) {
   faulted_cv_.notify_all();
 }
 
+void StagingPool::fault_in_now() {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Claims the fresh buffers, then populates each run of adjacent ones (all of them, in a
+  // pool nobody has used yet) in one parallel pass.
+  std::vector<int> claimed;
+  for (size_t i = 0; i < pages_.size(); ++i) {
+    if (pages_[i] != Pages::kFresh) continue;
+    pages_[i] = Pages::kFaulting;
+    claimed.push_back(static_cast<int>(i));
+  }
+  lock.unlock();
+  for (size_t a = 0; a < claimed.size();) {
+    size_t b = a + 1;
+    while (b < claimed.size() && claimed[b] == claimed[b - 1] + 1) ++b;
+    detail::populate_in_parallel(buffers_[claimed[a]], (b - a) * buffer_bytes_);
+    a = b;
+  }
+  lock.lock();
+  for (int i : claimed) pages_[i] = Pages::kReady;
+  faulted_cv_.notify_all();
+  // Buffers another thread was faulting meanwhile are its to finish.
+  for (size_t i = 0; i < pages_.size(); ++i) {
+    while (pages_[i] == Pages::kFaulting) faulted_cv_.wait(lock);
+  }
+}
+
 void StagingPool::fault_in_background(bool background_priority, std::function<void()> done) {
   std::lock_guard<std::mutex> lock(mu_);
   if (faulter_.joinable() || stop_) return;

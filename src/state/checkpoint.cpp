@@ -267,4 +267,8 @@ SaveHandle Snapshotter::save_async(const std::string& name, const Checkpoint& ch
   return save_async(name, checkpoint.state(), checkpoint.saved_metadata(), options);
 }
 
+void Snapshotter::prepare(const Checkpoint& checkpoint, const SaveOptions& options) {
+  prepare(checkpoint.state(), options);
+}
+
 }  // namespace tsnap

@@ -551,5 +551,41 @@ TEST(SnapshotterBudget, AutomaticBudgetHoldsTheFirstSaveAndStaysFixed) {
   EXPECT_TRUE(test_support::bitwise_equal(load(dir / "second").at("w11"), big.at("w11")));
 }
 
+// prepare() makes the pool a first save would make, before it: the save then finds it made
+// (and faulted in) and keeps it; a second prepare, or one after a save, changes nothing.
+TEST(SnapshotterBudget, PrepareSizesThePoolAsTheFirstSaveWould) {
+  test_support::TempDir dir;
+  SnapshotterOptions o;
+  o.root = dir.path();
+  o.chunk_bytes = 1 << 20;
+  StateDict state;
+  for (int i = 0; i < 3; ++i) {
+    state.insert("w" + std::to_string(i), test_support::make_tensor(at::kFloat, {256 << 10}, i));
+  }
+  uint64_t by_save = 0;
+  {
+    Snapshotter reference(o);
+    reference.save_async("s", state).wait();
+    by_save = reference.staging_budget_bytes();
+  }
+  test_support::TempDir dir2;
+  o.root = dir2.path();
+  Snapshotter snap(o);
+  snap.prepare(state);
+  EXPECT_EQ(snap.staging_budget_bytes(), by_save);
+  snap.prepare(state);
+  SaveHandle h = snap.save_async("after", state);
+  h.wait();
+  EXPECT_EQ(snap.staging_budget_bytes(), by_save);
+  EXPECT_EQ(h.stats().buffer_waits, 0u);
+  EXPECT_TRUE(test_support::bitwise_equal(load(dir2 / "after").at("w2"), state.at("w2")));
+  // The planning's own checks apply.
+  Snapshotter other(o);
+  SaveOptions bad;
+  bad.chunk_bytes = 2 << 20;
+  EXPECT_THROW(other.prepare(state, bad), InvalidArgument);
+  EXPECT_EQ(other.staging_budget_bytes(), 0u);
+}
+
 }  // namespace
 }  // namespace tsnap

@@ -196,6 +196,27 @@ TEST(PeriodicSnapshots, ResumeReturnsZeroWhenThereIsNothing) {
   EXPECT_FALSE(applied);
 }
 
+// The first after_step prepares the Snapshotter's staging pool for the hook's checkpoint
+// (automatic budget), so that the first snapshot stalls like the later ones.
+TEST(PeriodicSnapshots, TheFirstStepPreparesTheStagingPool) {
+  TempDir dir;
+  SnapshotterOptions o = test_support::small_options(dir.path());
+  o.staging_budget_bytes = 0;
+  Snapshotter snap(o);
+  const StateDict sd = test_support::small_state(6);
+  PeriodicSnapshots hook(snap, Schedule({.every_steps = 2}),
+                         [&] { return test_support::checkpoint_of(sd); }, {.log = nullptr});
+  EXPECT_EQ(hook.resume([&](Checkpoint&) {}), 0);
+  EXPECT_EQ(snap.staging_budget_bytes(), 0u);
+  hook.after_step(1);  // not due: prepares
+  const uint64_t budget = snap.staging_budget_bytes();
+  EXPECT_GT(budget, 0u);
+  hook.after_step(2);
+  const PeriodicStats stats = hook.finish();
+  EXPECT_EQ(stats.snapshots.size(), 1u);
+  EXPECT_EQ(snap.staging_budget_bytes(), budget);
+}
+
 // The newest directories are a temporary, one without a manifest, and one whose shard fails
 // its hash: resume takes the newest valid one, and the run then overwrites the bad ones.
 TEST(PeriodicSnapshots, ResumeSkipsCorruptAndTemporarySnapshots) {

@@ -4,6 +4,8 @@
 #include "stage/staging_pool.h"
 
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -72,6 +74,25 @@ TEST(StagingPool, FaultsInInTheBackgroundThenCallsDoneAndKeepsContents) {
     const int c = pool.acquire();
     if (c != b) EXPECT_EQ(pool.data(c)[4096 * 3], 0) << c;  // fresh anonymous memory
   }
+}
+
+// Every page of the pool is resident once fault_in_now returns (what lets a Snapshotter's
+// first save copy into warm pages), and a buffer already in use keeps its bytes.
+TEST(StagingPool, FaultInNowMakesEveryPageResidentAndKeepsContents) {
+  StagingPool pool(6, 1 << 20, /*pinned=*/false);
+  const int b = pool.acquire();
+  std::memset(pool.data(b), 0x5a, pool.buffer_bytes());
+  pool.fault_in_now();
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  for (size_t i = 0; i < pool.count(); ++i) {
+    const size_t pages = pool.buffer_bytes() / page;
+    std::vector<unsigned char> resident(pages);
+    ASSERT_EQ(::mincore(pool.data(static_cast<int>(i)), pool.buffer_bytes(), resident.data()), 0);
+    for (size_t p = 0; p < pages; ++p) ASSERT_TRUE(resident[p] & 1) << "buffer " << i << " page " << p;
+  }
+  EXPECT_EQ(pool.data(b)[pool.buffer_bytes() - 1], 0x5a);
+  pool.release(b);
+  pool.fault_in_now();  // nothing left to do
 }
 
 TEST(StagingPool, StoppedBackgroundThreadNeverCallsDoneAfterwards) {
