@@ -4,7 +4,9 @@
 #    Benchmark, CMake, Ninja, g++, ccache, gnuplot, Python's venv; clang 14 and its sanitizer and
 #    libFuzzer runtimes for scripts/sanitize.sh and scripts/fuzz.sh; Gloo's headers, which
 #    LibTorch's ProcessGroupGloo header needs and neither LibTorch ships, for the distributed
-#    tests and example);
+#    tests and example; libcurl and OpenSSL for the S3 client);
+#  - the local S3 server of the object-storage tests (scripts/s3-server.sh install: moto from
+#    PyPI in a virtual environment at .venv-s3/, ignored by git), for every TSNAP_TORCH;
 #  - LibTorch, chosen by TSNAP_TORCH:
 #      wheel  (default) LibTorch 2.x from the `torch` wheel on PyPI (version TSNAP_TORCH_VERSION),
 #             in a virtual environment at .venv/ (ignored by git), which CMake finds by itself;
@@ -25,7 +27,7 @@ esac
 packages=(
   cmake ninja-build g++ pkg-config ccache python3 python3-venv gnuplot-nox clang-14 libclang-rt-14-dev
   libboost-dev libtbb-dev liburing-dev libgtest-dev nlohmann-json3-dev
-  libxxhash-dev libcli11-dev libbenchmark-dev libgloo-dev
+  libxxhash-dev libcli11-dev libbenchmark-dev libgloo-dev libcurl4-openssl-dev libssl-dev
 )
 if [[ "$torch_kind" != wheel ]]; then
   packages+=(libtorch-dev)
@@ -56,6 +58,8 @@ else
   "${as_root[@]}" apt-get update
   "${as_root[@]}" apt-get install -y --no-install-recommends "${missing[@]}"
 fi
+
+"$repo/scripts/s3-server.sh" install
 
 if [[ "$torch_kind" == debian ]]; then
   exit 0
