@@ -1,0 +1,180 @@
+#pragma once
+/// \file
+/// A client of the S3 protocol (AWS S3 and compatible stores) for draining snapshots to object
+/// storage and restoring from it: objects, multipart uploads, ranged reads, listings, deletes.
+///
+/// Transport and signing are libcurl's (HTTP/1.1, TLS, connection reuse, AWS SigV4 through
+/// CURLOPT_AWS_SIGV4); this file adds what S3 needs on top:
+///  - every request carries `x-amz-content-sha256`: the SHA-256 of small XML bodies, and
+///    `UNSIGNED-PAYLOAD` for object data, whose integrity is checked by `Content-MD5` (signed,
+///    verified by the server) and, where `verify_etag`, by comparing the returned ETag with the
+///    MD5 of the bytes sent;
+///  - query strings are written in SigV4's canonical form (sorted, encoded, `name=value`), since
+///    curl signs the query as given, and keys are percent-encoded the way S3 canonicalises them;
+///  - transient failures (connection errors, timeouts, HTTP 408/429/500/502/503/504, SlowDown,
+///    an error inside a 200 response) are retried with exponential backoff, `attempts` tries in
+///    all; other 4xx answers are not.
+///
+/// Errors are tsnap's (`throw_error`): a missing bucket, key or upload is `kNotFound`; refused
+/// credentials, an unreachable endpoint and any other failure `kIo`; an object shorter than a
+/// range asked for `kTruncated`; an ETag that is not the MD5 of the bytes sent `kHashMismatch`.
+/// Messages name the operation, `s3://bucket/key`, the HTTP status and S3's error code and
+/// message; they never contain credentials.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tsnap::io {
+
+namespace s3_detail {
+struct Request;
+struct Response;
+}  // namespace s3_detail
+
+/// Where and as whom to reach S3. Plain data; copy freely.
+struct S3Config {
+  std::string endpoint;       ///< "https://s3.us-east-1.amazonaws.com", "http://127.0.0.1:9000".
+  std::string region;         ///< The SigV4 signing region, e.g. "us-east-1".
+  std::string access_key;     ///< Empty: requests are sent unsigned (anonymous).
+  std::string secret_key;     ///< Never logged nor put in an error message.
+  std::string session_token;  ///< Temporary credentials' token (`x-amz-security-token`).
+  bool path_style = true;     ///< endpoint/bucket/key; false: bucket.endpoint-host/key.
+  long connect_timeout_ms = 10'000;  ///< Limit on establishing a connection.
+  long timeout_ms = 60'000;  ///< A request that moves no byte for this long fails (a stall).
+  int attempts = 5;          ///< Tries per request, transient failures included (>= 1).
+  bool verify_etag = true;   ///< Check ETag == MD5 on PUT and UploadPart (off for SSE-KMS).
+
+  /// The configuration of the environment: endpoint from AWS_ENDPOINT_URL_S3, else
+  /// AWS_ENDPOINT_URL, else https://s3.<region>.amazonaws.com; region from AWS_REGION, else
+  /// AWS_DEFAULT_REGION, else us-east-1; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+  /// AWS_SESSION_TOKEN; path-style addressing from TSNAP_S3_PATH_STYLE (1/0), by default on for
+  /// a custom endpoint and off for AWS's; TSNAP_S3_VERIFY_ETAG=0 turns the ETag check off.
+  /// Errors: none (missing credentials mean anonymous requests). Thread-safety: reads the
+  /// environment (do not setenv concurrently).
+  static S3Config from_environment();
+};
+
+/// A location in object storage, "s3://bucket/prefix". Plain data.
+struct S3Url {
+  std::string bucket;  ///< A valid S3 bucket name.
+  std::string prefix;  ///< The key prefix without leading or trailing '/', may be empty.
+
+  /// Whether `url` starts with "s3://" (parse may still reject it).
+  static bool is_s3(std::string_view url);
+  /// "s3://bucket/some/prefix" -> {"bucket", "some/prefix"}; a trailing '/' is dropped.
+  /// Errors: InvalidArgument (kInvalidArgument) for another scheme, a bad bucket name, or an
+  /// empty, "." or ".." path segment. Thread-safety: pure.
+  static S3Url parse(std::string_view url);
+  /// The key of `rel` under the prefix: "some/prefix/rel" ("rel" when the prefix is empty).
+  std::string key(std::string_view rel) const;
+  /// "s3://bucket/prefix" (or "s3://bucket").
+  std::string str() const;
+};
+
+/// One part of a multipart upload.
+struct S3Part {
+  int number = 0;     ///< 1..10000.
+  uint64_t size = 0;  ///< Bytes (from ListParts; unused by complete_multipart_upload).
+  std::string etag;   ///< Without quotes.
+};
+
+/// A multipart upload in progress (ListMultipartUploads).
+struct S3Upload {
+  std::string key;
+  std::string upload_id;
+  std::string initiated;  ///< ISO 8601 time, as S3 gives it.
+};
+
+/// An object (ListObjectsV2, HeadObject).
+struct S3Object {
+  std::string key;
+  uint64_t size = 0;
+  std::string etag;  ///< Without quotes; "<md5>-<parts>" for a multipart object.
+};
+
+/// What list() found.
+struct S3Listing {
+  std::vector<S3Object> objects;      ///< In key order.
+  std::vector<std::string> prefixes;  ///< Common prefixes (with `delimiter`), in order.
+};
+
+/// A connection to one S3 endpoint with one set of credentials.
+/// Thread-safety: every method may be called from any number of threads at once; each call
+/// borrows a curl handle from a pool (whose connections are kept alive between calls).
+/// Ownership: owns its handles; destroy it only when no call is running. Calls block the
+/// calling thread until done (retries included).
+class S3Client {
+ public:
+  /// Errors: InvalidArgument when `config.endpoint` is not an http(s) URL or attempts < 1.
+  explicit S3Client(S3Config config);
+  ~S3Client();
+  S3Client(const S3Client&) = delete;
+  S3Client& operator=(const S3Client&) = delete;
+
+  /// The configuration it was made with.
+  const S3Config& config() const { return config_; }
+
+  /// Stores `n` bytes at `data` as object `key` (PutObject, at most 5 GiB), with Content-MD5.
+  void put_object(const std::string& bucket, const std::string& key, const void* data, size_t n);
+
+  /// Starts a multipart upload of `key`; returns its upload id.
+  std::string create_multipart_upload(const std::string& bucket, const std::string& key);
+  /// Uploads part `part_number` (1..10000; every part but the last at least 5 MiB) of an
+  /// upload; returns its ETag. Uploading a part number again replaces that part.
+  std::string upload_part(const std::string& bucket, const std::string& key,
+                          const std::string& upload_id, int part_number, const void* data,
+                          size_t n);
+  /// Joins `parts` (ascending part numbers, with the ETags upload_part returned) into the
+  /// object. Errors: kNotFound when the upload is unknown (aborted, or completed before).
+  void complete_multipart_upload(const std::string& bucket, const std::string& key,
+                                 const std::string& upload_id, const std::vector<S3Part>& parts);
+  /// Abandons an upload and frees its parts. Errors: kNotFound when the upload is unknown.
+  void abort_multipart_upload(const std::string& bucket, const std::string& key,
+                              const std::string& upload_id);
+  /// The parts uploaded so far, in part order (all pages; `page_size` parts per request).
+  std::vector<S3Part> list_parts(const std::string& bucket, const std::string& key,
+                                 const std::string& upload_id, int page_size = 1000);
+  /// The uploads in progress whose key starts with `prefix` (all pages).
+  std::vector<S3Upload> list_multipart_uploads(const std::string& bucket, const std::string& prefix,
+                                               int page_size = 1000);
+
+  /// Reads exactly `n` bytes of `key` at `offset` into `out` (a ranged GET; n == 0 reads
+  /// nothing). Errors: kNotFound for a missing key; FormatError kTruncated when the object
+  /// ends before offset + n. `out` may be partly written on error.
+  void get_range(const std::string& bucket, const std::string& key, uint64_t offset, void* out,
+                 size_t n);
+  /// The whole object (for small objects: manifests, markers). Errors: kNotFound.
+  std::string get_object(const std::string& bucket, const std::string& key);
+  /// The object's size and ETag, or nullopt when there is no such key.
+  std::optional<S3Object> head_object(const std::string& bucket, const std::string& key);
+
+  /// The objects whose key starts with `prefix` and, with a non-empty `delimiter`, the common
+  /// prefixes that roll up the keys with a `delimiter` after the prefix (ListObjectsV2, all
+  /// pages; `page_size` keys per request, at most 1000).
+  S3Listing list(const std::string& bucket, const std::string& prefix,
+                 const std::string& delimiter = "", int page_size = 1000);
+
+  /// Deletes `key` (no error when it does not exist).
+  void delete_object(const std::string& bucket, const std::string& key);
+  /// Deletes `keys` with DeleteObjects, 1000 per request. Errors: kIo naming the first key
+  /// S3 could not delete, with its code.
+  void delete_objects(const std::string& bucket, const std::vector<std::string>& keys);
+  /// Creates `bucket` in the configured region; no error when it exists and is ours.
+  /// Errors: kAlreadyExists when another account owns it.
+  void create_bucket(const std::string& bucket);
+
+ private:
+  struct Pool;
+  // One request, retried as the file comment says; throws on failures the caller cannot use.
+  s3_detail::Response perform(const s3_detail::Request& request);
+
+  S3Config config_;
+  std::unique_ptr<Pool> pool_;
+};
+
+}  // namespace tsnap::io
