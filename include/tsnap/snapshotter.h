@@ -70,6 +70,19 @@ struct TSNAP_API SnapshotterOptions {
   /// snapshots are one shared directory committed by rank 0, rank 0 alone drains them (every
   /// rank's files) and applies the local tier's retention; on the other ranks drain_wait(),
   /// drained() and drain_stats() have nothing to report. See Snapshotter::drain_wait.
+  ///
+  /// Object storage: `durable_root = "s3://bucket/prefix"` (endpoint, region and credentials
+  /// from AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID,
+  /// AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN; never logged). Each shard becomes the object
+  /// `<prefix>/<name>/<file>`, uploaded in parts of whole chunks (at least 8 MiB), several at
+  /// once, each chunk checked against its hash before it leaves and each part sent with its
+  /// MD5 (the store checks it; the drain checks the ETag it returns); the manifest goes last,
+  /// so the store never lists a partial snapshot (format/s3_root.h), and replacing a name
+  /// deletes its old manifest first. A drain killed mid-upload leaves its multipart uploads:
+  /// the next drain resumes them, keeping each part whose size and MD5 match the local bytes.
+  /// A store that is down or refuses the credentials fails the drain (drain_wait throws it)
+  /// and the next pass retries; training never waits for it, and local snapshots are kept
+  /// until drained. One drain per prefix at a time (the store has no lock).
   std::filesystem::path durable_root;
   /// The drain's copy rate in bytes per second (writes paced in pieces of 1 MiB), 0 = unlimited.
   uint64_t drain_bytes_per_second = 0;
@@ -101,6 +114,9 @@ struct TSNAP_API DrainRecord {
   /// Bytes of the shard files an incremental save reused whole (FileRecord::reused_from) that
   /// the durable tier already held: hard-linked there too instead of copied.
   uint64_t linked_bytes = 0;
+  /// Object storage: bytes of parts that an interrupted drain had uploaded and that this one
+  /// kept (their size and MD5 matched the local bytes) instead of sending again.
+  uint64_t resumed_bytes = 0;
   double seconds = 0;  ///< From the start of the copy to the durable commit.
   /// Local snapshots removed after it by `local_keep_last`.
   std::vector<std::string> deleted_local;

@@ -1,5 +1,6 @@
 #include "format/hash.h"
 
+#include <cstdio>
 #include <new>
 
 #define XXH_INLINE_ALL
@@ -22,6 +23,12 @@ bool has_avx2() {
 
 uint64_t hash64(const void* data, size_t n) noexcept {
   return has_avx2() ? hash64_avx2(data, n) : XXH3_64bits(data, n);
+}
+
+std::string hash_hex(uint64_t hash) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(hash));
+  return text;
 }
 
 Hash64Stream::Hash64Stream() : state_(XXH3_createState()) {

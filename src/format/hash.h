@@ -3,11 +3,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace tsnap::format {
 
 /// XXH3-64 of `n` bytes at `data`.
 uint64_t hash64(const void* data, size_t n) noexcept;
+
+/// A hash as messages spell it: 16 lower-case hex digits.
+std::string hash_hex(uint64_t hash);
 
 /// XXH3-64 of bytes given in pieces (the same value as hash64 of their concatenation), so that
 /// a reader can hash each piece while it is in the cache for another use (the restore path

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "format/manifest_io.h"
+#include "format/s3_root.h"
 #include "format/open_file.h"
 #include "io/fd.h"
 #include "tsnap/error.h"
@@ -72,6 +73,10 @@ Manifest read_manifest_in(const SnapshotDir& dir) {
 }  // namespace format
 
 Manifest read_manifest(const std::filesystem::path& dir) {
+  if (format::is_s3(dir)) {
+    const auto [root, name] = format::S3Root::of_snapshot(dir.native());
+    return root.read_manifest(name);
+  }
   return format::read_manifest_in(format::SnapshotDir::open(dir));
 }
 

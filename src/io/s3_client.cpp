@@ -849,4 +849,6 @@ void S3Client::create_bucket(const std::string& bucket) {
   check(q, r);
 }
 
+std::string md5_hex(const void* data, size_t n) { return digest(EVP_md5(), data, n, false); }
+
 }  // namespace tsnap::io

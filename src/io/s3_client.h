@@ -103,6 +103,10 @@ struct S3Listing {
   std::vector<std::string> prefixes;  ///< Common prefixes (with `delimiter`), in order.
 };
 
+/// The MD5 of `n` bytes at `data` as 32 lower-case hex digits: the ETag S3 gives a part or a
+/// single-part object of those bytes (to recognise parts already uploaded).
+std::string md5_hex(const void* data, size_t n);
+
 /// A connection to one S3 endpoint with one set of credentials.
 /// Thread-safety: every method may be called from any number of threads at once; each call
 /// borrows a curl handle from a pool (whose connections are kept alive between calls).

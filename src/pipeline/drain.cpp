@@ -21,11 +21,13 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <cstdio>
 #include <system_error>
 #include <vector>
 
+#include "common/run_parallel.h"
 #include "common/sys_error.h"
 #include "format/hash.h"
 #include "format/layout.h"
@@ -46,12 +48,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 constexpr uint64_t kPieceBytes = 1ull << 20;  // pacing and write granularity
-
-std::string hex64(uint64_t v) {
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(v));
-  return text;
-}
 
 format::SnapshotAge age_of(const Manifest& m) {
   return {format::step_of(m.metadata), m.created_unix_ns};
@@ -97,6 +93,14 @@ void check(int rc, const std::string& what) {
 
 Drain::Drain(DrainConfig config) : config_(std::move(config)) {
   engine_ = config_.engine ? config_.engine : io::make_pwrite_engine(1, config_.background);
+  if (format::is_s3(config_.durable_root)) {
+    // The store is first asked on the drain thread (open_store): a store that is down or
+    // refuses the credentials fails drains, never the Snapshotter.
+    s3_.emplace(config_.durable_root.native());
+    requested_ = 1;
+    thread_ = std::thread([this] { run(); });
+    return;
+  }
   std::error_code ec;
   fs::create_directories(config_.durable_root, ec);
   if (ec) {
@@ -213,7 +217,34 @@ void Drain::run() {
   cv_.notify_all();
 }
 
+void Drain::open_store() {
+  std::set<Save> durable;
+  for (const Listed& l : s3_->list()) {
+    if (l.committed) durable.emplace(l.name, l.manifest->id);
+  }
+  // Uploads a killed drain left: the newest of each key is resumed, the others aborted.
+  std::map<std::string, io::S3Upload> newest;
+  const io::S3Url& at = s3_->location();
+  for (const io::S3Upload& u :
+       s3_->client().list_multipart_uploads(at.bucket, at.prefix.empty() ? "" : at.prefix + "/")) {
+    auto [it, fresh] = newest.emplace(u.key, u);
+    if (fresh) continue;
+    const io::S3Upload stale =
+        u.initiated > it->second.initiated ? std::exchange(it->second, u) : u;
+    try {
+      s3_->client().abort_multipart_upload(at.bucket, stale.key, stale.upload_id);
+    } catch (const Error&) {
+      // gone already; a lifecycle rule of the store removes what stays
+    }
+  }
+  for (const auto& [key, u] : newest) resumable_.emplace(key, u.upload_id);
+  std::lock_guard<std::mutex> lock(mu_);
+  durable_.insert(durable.begin(), durable.end());
+  store_open_ = true;
+}
+
 void Drain::pass() {
+  if (s3_ && !store_open_) open_store();
   std::vector<Listed> local = list(config_.local_root);  // oldest first
   for (const Listed& l : local) {
     if (stop_) throw Cancelled{};
@@ -333,6 +364,8 @@ std::optional<DrainRecord> Drain::drain_one(const fs::path& local, const std::st
   }
   m = format::parse_manifest(text, dir->label(kManifestName));
 
+  if (s3_) return drain_one_s3(*dir, text, m, name);
+
   // 2. Durable already, or superseded there.
   const fs::path final_path = config_.durable_root / name;
   std::error_code ec;
@@ -399,8 +432,8 @@ std::optional<DrainRecord> Drain::drain_one(const fs::path& local, const std::st
           throw_error(ErrorCode::kHashMismatch,
                       "drain: chunk " + std::to_string(i) + " of " + label + " (bytes [" +
                           std::to_string(offset) + ", " + std::to_string(offset + len) +
-                          ")) has XXH3-64 " + hex64(hash) + ", the manifest says " +
-                          hex64(f.chunk_hashes[i]) + "; the snapshot is not copied to " + root);
+                          ")) has XXH3-64 " + format::hash_hex(hash) + ", the manifest says " +
+                          format::hash_hex(f.chunk_hashes[i]) + "; the snapshot is not copied to " + root);
         }
         for (size_t p = 0; p < len; p += kPieceBytes) {
           const size_t piece = static_cast<size_t>(std::min<uint64_t>(kPieceBytes, len - p));
@@ -428,6 +461,160 @@ std::optional<DrainRecord> Drain::drain_one(const fs::path& local, const std::st
   record.ok = true;
   record.seconds = std::chrono::duration<double>(Clock::now() - started).count();
   return record;
+}
+
+std::optional<DrainRecord> Drain::drain_one_s3(const format::SnapshotDir& dir,
+                                               const std::string& text, const Manifest& m,
+                                               const std::string& name) {
+  const auto started = Clock::now();
+  const format::S3Root& store = *s3_;
+  const io::S3Url& at = store.location();
+  // 2. Durable already, or superseded there.
+  bool replacing = false;
+  try {
+    if (std::optional<std::string> there_text = store.manifest_text(name)) {
+      replacing = true;
+      const Manifest there = format::parse_manifest(*there_text, store.url(name));
+      if (there.id == m.id || format::newer(age_of(there), age_of(m))) {
+        std::lock_guard<std::mutex> lock(mu_);
+        durable_.emplace(name, m.id);
+        return std::nullopt;
+      }
+    }
+  } catch (const FormatError&) {
+    // Not a valid snapshot there: replaced below.
+  }
+  // 3. The shards; an older save of the name stops being listed before any of them changes.
+  if (replacing) store.client().delete_object(at.bucket, store.key(name, kManifestName));
+  DrainRecord record;
+  record.name = name;
+  record.id = m.id;
+  std::vector<std::string> files;
+  for (const FileRecord& f : m.files) {
+    upload_file(dir, f, store.key(name, f.name), record);
+    files.push_back(f.name);
+  }
+  // 4. The manifest last: from now on the snapshot is listed; then the older save's leftovers.
+  pace(text.size());
+  store.client().put_object(at.bucket, store.key(name, kManifestName), text.data(), text.size());
+  record.bytes += text.size();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    durable_.emplace(name, m.id);
+  }
+  try {
+    store.remove_other_objects(name, files);
+  } catch (const Error&) {
+    // Leftovers cost space only; the next replacement or removal of the name deletes them.
+  }
+  record.ok = true;
+  record.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  return record;
+}
+
+void Drain::upload_file(const format::SnapshotDir& dir, const FileRecord& f,
+                        const std::string& key, DrainRecord& record) {
+  format::OpenedFile src;
+  try {
+    src = format::open_snapshot_file(dir, f.name, "shard");
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kNotFound && dir.replaced()) throw Abandoned{};
+    throw;
+  }
+  const std::string label = dir.label(f.name);
+  const std::string target = s3_->location().str() + "/" + key.substr(
+      s3_->location().prefix.empty() ? 0 : s3_->location().prefix.size() + 1);
+  if (src.size() != f.size) {
+    throw_error(src.size() < f.size ? ErrorCode::kTruncated : ErrorCode::kBadManifest,
+                "drain: " + label + " is " + std::to_string(src.size()) +
+                    " bytes, the manifest says " + std::to_string(f.size) + "; not uploaded to " +
+                    target);
+  }
+  // Parts of whole chunks, at least 8 MiB (S3's minimum is 5 MiB), at most 10,000 of them.
+  constexpr uint64_t kMinPart = 8ull << 20;
+  const uint64_t chunk = std::max<uint64_t>(f.chunk_bytes, 1);
+  uint64_t part_bytes = chunk * std::max<uint64_t>(1, (kMinPart + chunk - 1) / chunk);
+  while ((f.size + part_bytes - 1) / part_bytes > 10000) part_bytes *= 2;
+  const size_t parts = static_cast<size_t>(std::max<uint64_t>(1, (f.size + part_bytes - 1) / part_bytes));
+  // Reads part `p` into `buffer`, checking each chunk's hash before anything is sent.
+  auto read_part = [&](size_t p, std::vector<uint8_t>& buffer) -> size_t {
+    const uint64_t begin = p * part_bytes;
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(part_bytes, f.size - begin));
+    buffer.resize(std::max<size_t>(len, 1));
+    const int64_t n = io::read_full(src.fd.get(), buffer.data(), len, begin);
+    if (n < 0) detail::throw_sys_error(static_cast<int>(n), "read " + label);
+    if (static_cast<size_t>(n) != len) {
+      throw_error(ErrorCode::kTruncated, "drain: " + label + " ended at byte " +
+                                             std::to_string(begin + n) + "; not uploaded to " +
+                                             target);
+    }
+    for (uint64_t at = 0; at < len; at += chunk) {
+      const uint64_t c = (begin + at) / chunk;
+      const size_t clen = static_cast<size_t>(std::min<uint64_t>(chunk, len - at));
+      const uint64_t hash = format::hash64(buffer.data() + at, clen);
+      if (hash != f.chunk_hashes[c]) {
+        throw_error(ErrorCode::kHashMismatch,
+                    "drain: chunk " + std::to_string(c) + " of " + label + " (bytes [" +
+                        std::to_string(begin + at) + ", " + std::to_string(begin + at + clen) +
+                        ")) has XXH3-64 " + format::hash_hex(hash) + ", the manifest says " +
+                        format::hash_hex(f.chunk_hashes[c]) + "; the snapshot is not uploaded to " +
+                        target);
+      }
+    }
+    return len;
+  };
+  io::S3Client& client = s3_->client();
+  const std::string& bucket = s3_->location().bucket;
+  if (parts == 1) {
+    std::vector<uint8_t> buffer;
+    const size_t len = read_part(0, buffer);
+    pace(len);
+    client.put_object(bucket, key, buffer.data(), len);
+    record.bytes += len;
+    ::posix_fadvise(src.fd.get(), 0, 0, POSIX_FADV_DONTNEED);
+    return;
+  }
+  std::string upload_id;
+  std::map<int, io::S3Part> uploaded;  // what an interrupted drain left, by part number
+  if (auto it = resumable_.find(key); it != resumable_.end()) {
+    upload_id = it->second;
+    resumable_.erase(it);
+    try {
+      for (const io::S3Part& p : client.list_parts(bucket, key, upload_id)) uploaded[p.number] = p;
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kNotFound) throw;
+      upload_id.clear();  // completed or aborted meanwhile
+    }
+  }
+  if (upload_id.empty()) upload_id = client.create_multipart_upload(bucket, key);
+  std::vector<io::S3Part> done(parts);
+  std::vector<std::vector<uint8_t>> buffers(kUploadThreads);
+  std::atomic<uint64_t> sent{0}, kept{0};
+  try {
+    detail::run_parallel(parts, kUploadThreads, [&](size_t p, int worker) {
+      std::vector<uint8_t>& buffer = buffers[worker];
+      const size_t len = read_part(p, buffer);
+      const int number = static_cast<int>(p + 1);
+      done[p].number = number;
+      if (auto it = uploaded.find(number); it != uploaded.end() && it->second.size == len &&
+                                           it->second.etag == io::md5_hex(buffer.data(), len)) {
+        done[p].etag = it->second.etag;
+        kept += len;
+        return;
+      }
+      pace(len);
+      done[p].etag = client.upload_part(bucket, key, upload_id, number, buffer.data(), len);
+      sent += len;
+    });
+  } catch (...) {
+    // Kept for the next pass (or the next process) to resume: its parts are not sent again.
+    resumable_[key] = upload_id;
+    throw;
+  }
+  client.complete_multipart_upload(bucket, key, upload_id, done);
+  ::posix_fadvise(src.fd.get(), 0, 0, POSIX_FADV_DONTNEED);
+  record.bytes += sent;
+  record.resumed_bytes += kept;
 }
 
 void Drain::keep_last(DrainRecord& record) {
@@ -458,14 +645,14 @@ void Drain::keep_last(DrainRecord& record) {
 void Drain::pace(uint64_t bytes) {
   if (stop_) throw Cancelled{};
   if (config_.bytes_per_second == 0) return;
+  // Each caller (the drain thread, or an upload thread) takes the next slot of the rate.
+  std::unique_lock<std::mutex> lock(mu_);
   const auto now = Clock::now();
   if (next_write_ < now) next_write_ = now;  // no credit for idle time
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (cv_.wait_until(lock, next_write_, [&] { return stop_.load(); })) throw Cancelled{};
-  }
+  const auto slot = next_write_;
   next_write_ += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
       static_cast<double>(bytes) / static_cast<double>(config_.bytes_per_second)));
+  if (cv_.wait_until(lock, slot, [&] { return stop_.load(); })) throw Cancelled{};
 }
 
 }  // namespace tsnap::pipeline

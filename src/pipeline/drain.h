@@ -27,6 +27,14 @@
 /// manifest) is not retried for that save; any other failure (I/O on the durable side) stops
 /// the pass and is retried by the next one.
 ///
+/// Object storage (a durable root "s3://bucket/prefix", format/s3_root.h): step 3 uploads
+/// each shard as `<prefix>/<name>/<file>` (one PUT when it fits in a part, else a multipart
+/// upload of parts of whole chunks, kUploadThreads at once, each chunk checked before its part
+/// leaves), step 4 deletes an older save's manifest of that name first, then PUTs the manifest
+/// last and deletes that older save's other objects. Uploads an interrupted drain left are
+/// listed at the start and resumed (a part is kept when its size and MD5 match the local
+/// bytes); stale ones of the same key are aborted. Hard links do not apply there.
+///
 /// Hard links: a shard that an incremental save reused whole from an earlier snapshot
 /// (FileRecord::reused_from) is hard-linked from the durable tier's copy of that snapshot when
 /// it holds the same file (same size, header id and chunk hashes), else copied as bytes; so a
@@ -49,11 +57,16 @@
 #include <utility>
 
 #include "io/engine.h"
+#include "format/open_file.h"
+#include "format/s3_root.h"
 #include "pipeline/root_lock.h"
 #include "tsnap/manifest.h"
 #include "tsnap/snapshotter.h"
 
 namespace tsnap::pipeline {
+
+/// Parts of one shard uploaded to object storage at once.
+inline constexpr int kUploadThreads = 4;
 
 /// What a Drain needs from its Snapshotter.
 struct DrainConfig {
@@ -77,7 +90,9 @@ class Drain {
  public:
   /// Creates the durable root, locks it (removing stale temporaries when alone), reads which
   /// saves it holds, starts the thread and requests a first pass. Errors: IoError when the
-  /// durable root cannot be created, opened or listed.
+  /// durable root cannot be created, opened or listed. Object storage: only the URL is checked
+  /// here (InvalidArgument); the first pass asks the store, and a failure there is a failed
+  /// drain (retried by the next pass).
   explicit Drain(DrainConfig config);
   ~Drain();
   Drain(const Drain&) = delete;
@@ -101,6 +116,8 @@ class Drain {
 
   void run();
   void pass();
+  // Object storage: reads which saves the store holds and which uploads it can resume.
+  void open_store();
   // Copies one snapshot; returns its record, or nullopt when nothing was copied (durable
   // already, superseded, abandoned).
   std::optional<DrainRecord> drain_one(const std::filesystem::path& local, const std::string& name);
@@ -108,6 +125,12 @@ class Drain {
   // when that copy holds the same file; `bases` caches the durable manifests read.
   bool link_reused(const FileRecord& f, const Manifest& m, const std::string& temporary,
                    std::map<std::string, std::optional<Manifest>>& bases) const;
+  // Steps 2-4 for object storage.
+  std::optional<DrainRecord> drain_one_s3(const format::SnapshotDir& dir, const std::string& text,
+                                          const Manifest& m, const std::string& name);
+  // Uploads shard `f` of the local snapshot `dir` as `key`.
+  void upload_file(const format::SnapshotDir& dir, const FileRecord& f, const std::string& key,
+                   DrainRecord& record);
   void keep_last(DrainRecord& record);
   void pace(uint64_t bytes);
   void notify(const DrainRecord& record);
@@ -115,6 +138,9 @@ class Drain {
   const DrainConfig config_;
   std::shared_ptr<io::Engine> engine_;
   std::optional<RootLock> lock_;
+  std::optional<format::S3Root> s3_;  // an object-storage durable root
+  std::map<std::string, std::string> resumable_;  // S3 key -> an interrupted upload's id
+  bool store_open_ = false;                       // open_store() done (drain thread)
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -132,7 +158,7 @@ class Drain {
   std::map<int, std::function<void(const DrainRecord&)>> listeners_;
   int next_listener_ = 0;
 
-  std::chrono::steady_clock::time_point next_write_{};  // pacing: drain thread only
+  std::chrono::steady_clock::time_point next_write_{};  // pacing (guarded by mu_)
   std::thread thread_;
 };
 

@@ -7,6 +7,7 @@
 #include "common/remove_tree.h"
 #include "common/sys_error.h"
 #include "format/layout.h"
+#include "format/s3_root.h"
 #include "tsnap/error.h"
 #include "tsnap/remove.h"
 
@@ -34,7 +35,14 @@ fs::path remove_snapshot(const fs::path& snapshot,
 
 }  // namespace pipeline
 
-void remove_snapshot(const std::filesystem::path& snapshot) { pipeline::remove_snapshot(snapshot); }
+void remove_snapshot(const std::filesystem::path& snapshot) {
+  if (format::is_s3(snapshot)) {
+    const auto [root, name] = format::S3Root::of_snapshot(snapshot.native());
+    root.remove(name);
+    return;
+  }
+  pipeline::remove_snapshot(snapshot);
+}
 
 void remove_tree(const std::filesystem::path& path) {
   const int rc = detail::remove_tree(path.string());

@@ -18,6 +18,7 @@
 #include "common/sys_error.h"
 #include "io/thread_priority.h"
 #include "format/layout.h"
+#include "format/s3_root.h"
 #include "format/manifest_io.h"
 #include "format/safetensors.h"
 #include "pipeline/commit.h"
@@ -150,8 +151,8 @@ void Snapshotter::Impl::start_drain() {
     throw_error(ErrorCode::kInvalidArgument, "local_keep_last must be >= 0");
   }
   std::error_code ec;
-  fs::create_directories(o.durable_root, ec);
-  if (!ec && fs::equivalent(o.root, o.durable_root, ec)) {
+  if (!format::is_s3(o.durable_root)) fs::create_directories(o.durable_root, ec);
+  if (!ec && !format::is_s3(o.durable_root) && fs::equivalent(o.root, o.durable_root, ec)) {
     throw_error(ErrorCode::kInvalidArgument,
                 "durable_root " + o.durable_root.string() + " is the root itself");
   }

@@ -7,6 +7,7 @@
 #include <system_error>
 
 #include "format/layout.h"
+#include "format/s3_root.h"
 #include "pipeline/remove.h"
 #include "tsnap/catalog.h"
 
@@ -49,6 +50,12 @@ std::vector<std::string> apply_retention(
     const fs::path& path = committed.at(step);
     const std::string name = path.filename().string();
     if (may_delete && !may_delete(name)) continue;
+    if (format::is_s3(path)) {  // the manifest goes first (format/s3_root.h)
+      const auto [store, snapshot] = format::S3Root::of_snapshot(path.native());
+      store.remove(snapshot);
+      deleted.push_back(name);
+      continue;
+    }
     if (probe) probe(RetentionPoint::kBeforeRename, path);
     const fs::path temporary = pipeline::remove_snapshot(path, [&](const fs::path& renamed) {
       if (probe) probe(RetentionPoint::kRenamed, renamed);

@@ -4,6 +4,7 @@
 #include <system_error>
 
 #include "format/layout.h"
+#include "format/s3_root.h"
 #include "tsnap/error.h"
 
 namespace tsnap {
@@ -11,6 +12,7 @@ namespace tsnap {
 namespace fs = std::filesystem;
 
 std::vector<Listed> list(const fs::path& root) {
+  if (format::is_s3(root)) return format::S3Root(root.native()).list();
   std::vector<Listed> out;
   std::error_code ec;
   if (!fs::exists(root, ec)) return out;

@@ -14,6 +14,7 @@
 #include "restore/read_chunks.h"
 #include "restore/read_plan.h"
 #include "restore/read_snapshot.h"
+#include "restore/s3_fetch.h"
 #include "restore/shard_reader.h"
 #include "stage/hot_image.h"
 #include "tsnap/error.h"
@@ -371,6 +372,7 @@ LoadReport load_into(const HotSnapshot& snapshot, StateDict& dest, const LoadOpt
 }
 
 std::vector<BadChunk> verify(const std::filesystem::path& path) {
+  if (format::is_s3(path)) return restore::verify_s3(path.native());
   return restore::read_snapshot(path, [](const format::SnapshotDir& dir) {
     const Manifest m = format::read_manifest_in(dir);
     // Every shard is opened first: a shard gone because the name was overwritten meanwhile

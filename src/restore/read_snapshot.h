@@ -10,6 +10,8 @@
 #include <utility>
 
 #include "format/open_file.h"
+#include "format/s3_root.h"
+#include "restore/s3_fetch.h"
 #include "tsnap/error.h"
 
 namespace tsnap::restore {
@@ -24,9 +26,14 @@ inline bool lost_to_overwrite(const Error& e, const format::SnapshotDir& dir) {
 
 /// Returns read(dir) for the snapshot at `path`, starting over (up to kMaxReadRestarts times)
 /// when the name was overwritten while it read. Errors: those of `read` and SnapshotDir::open.
+/// A snapshot in object storage ("s3://...") is read from a local copy (restore/s3_fetch.h).
 template <typename Read>
 auto read_snapshot(const std::filesystem::path& path, Read read)
     -> decltype(read(std::declval<const format::SnapshotDir&>())) {
+  if (format::is_s3(path)) {
+    const FetchedSnapshot local(path.native());
+    return read(format::SnapshotDir::open(local.path()));
+  }
   for (int attempt = 0;; ++attempt) {
     const format::SnapshotDir dir = format::SnapshotDir::open(path);
     try {

@@ -1,0 +1,167 @@
+#include "restore/s3_fetch.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
+
+#include "common/remove_tree.h"
+#include "common/run_parallel.h"
+#include "common/sys_error.h"
+#include "format/hash.h"
+#include "format/layout.h"
+#include "format/manifest_io.h"
+#include "io/fd.h"
+#include "tsnap/error.h"
+
+namespace tsnap::restore {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ChunkTask {
+  size_t file;
+  uint64_t chunk;
+};
+
+// Runs `work(task, buffer)` for every task on kFetchThreads threads, each with its own buffer
+// of `buffer_bytes`.
+template <typename Work>
+void for_each_chunk(const std::vector<ChunkTask>& tasks, uint64_t buffer_bytes, Work work) {
+  std::vector<std::vector<uint8_t>> buffers(kFetchThreads);
+  detail::run_parallel(tasks.size(), kFetchThreads, [&](size_t i, int worker) {
+    std::vector<uint8_t>& buffer = buffers[worker];
+    if (buffer.size() < buffer_bytes) buffer.resize(buffer_bytes);
+    work(tasks[i], buffer.data());
+  });
+}
+
+std::vector<ChunkTask> chunk_tasks(const Manifest& m, uint64_t* largest) {
+  std::vector<ChunkTask> tasks;
+  *largest = 0;
+  for (size_t f = 0; f < m.files.size(); ++f) {
+    *largest = std::max(*largest, std::min(m.files[f].chunk_bytes, m.files[f].size));
+    for (uint64_t c = 0; c < m.files[f].chunk_hashes.size(); ++c) tasks.push_back({f, c});
+  }
+  return tasks;
+}
+
+uint64_t chunk_length(const FileRecord& f, uint64_t chunk) {
+  return std::min(f.chunk_bytes, f.size - chunk * f.chunk_bytes);
+}
+
+std::string chunk_label(const std::string& object, const FileRecord& f, uint64_t chunk) {
+  const uint64_t begin = chunk * f.chunk_bytes;
+  return "chunk " + std::to_string(chunk) + " of " + object + " (bytes [" +
+         std::to_string(begin) + ", " + std::to_string(begin + chunk_length(f, chunk)) + "))";
+}
+
+void check(int rc, const std::string& what) {
+  if (rc < 0) detail::throw_sys_error(rc, what);
+}
+
+}  // namespace
+
+void fetch(const format::S3Root& root, const std::string& name, const Manifest& m,
+           const std::string& text, const fs::path& dir) {
+  if (::mkdir(dir.c_str(), 0755) != 0) detail::throw_sys_error(-errno, "create " + dir.string());
+  std::vector<io::UniqueFd> fds;
+  for (const FileRecord& f : m.files) {
+    int err = 0;
+    const std::string path = (dir / f.name).string();
+    fds.push_back(io::open_fd(path, O_WRONLY | O_CREAT | O_EXCL, 0644, &err));
+    check(err, "create " + path);
+    check(::ftruncate(fds.back().get(), static_cast<off_t>(f.size)) == 0 ? 0 : -errno,
+          "size " + path);
+  }
+  uint64_t largest = 0;
+  const std::vector<ChunkTask> tasks = chunk_tasks(m, &largest);
+  io::S3Client& client = root.client();
+  const std::string bucket = root.location().bucket;
+  for_each_chunk(tasks, largest, [&](const ChunkTask& t, uint8_t* buffer) {
+    const FileRecord& f = m.files[t.file];
+    const uint64_t offset = t.chunk * f.chunk_bytes;
+    const uint64_t len = chunk_length(f, t.chunk);
+    const std::string object = root.url(name) + "/" + f.name;
+    client.get_range(bucket, root.key(name, f.name), offset, buffer, len);
+    const uint64_t hash = format::hash64(buffer, len);
+    if (hash != f.chunk_hashes[t.chunk]) {
+      throw_error(ErrorCode::kHashMismatch,
+                  chunk_label(object, f, t.chunk) + " has XXH3-64 " + format::hash_hex(hash) +
+                      ", the manifest says " + format::hash_hex(f.chunk_hashes[t.chunk]));
+    }
+    const ssize_t n = ::pwrite(fds[t.file].get(), buffer, len, static_cast<off_t>(offset));
+    if (n != static_cast<ssize_t>(len)) {
+      detail::throw_sys_error(n < 0 ? -errno : -EIO, "write " + (dir / f.name).string());
+    }
+  });
+  for (size_t i = 0; i < fds.size(); ++i) {
+    const std::string path = (dir / m.files[i].name).string();
+    check(::fsync(fds[i].get()) == 0 ? 0 : -errno, "fsync " + path);
+    check(fds[i].close(), "close " + path);
+  }
+  const std::string manifest = (dir / kManifestName).string();
+  int err = 0;
+  io::UniqueFd out = io::open_fd(manifest, O_WRONLY | O_CREAT | O_EXCL, 0644, &err);
+  check(err, "create " + manifest);
+  if (::write(out.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
+    detail::throw_sys_error(-errno, "write " + manifest);
+  }
+  check(out.close(), "close " + manifest);
+}
+
+FetchedSnapshot::FetchedSnapshot(const std::string& url) {
+  auto [root, name] = format::S3Root::of_snapshot(url);
+  const std::optional<std::string> text = root.manifest_text(name);
+  if (!text) throw_error(ErrorCode::kNotFound, "snapshot " + url + " does not exist (no manifest)");
+  const Manifest m = format::parse_manifest(*text, url + "/" + kManifestName);
+  const char* env = std::getenv("TSNAP_FETCH_DIR");
+  const fs::path parent = env != nullptr && *env != '\0' ? fs::path(env) : fs::temp_directory_path();
+  top_ = parent / ("tsnap-fetch-" + format::new_save_id());
+  if (::mkdir(top_.c_str(), 0700) != 0) detail::throw_sys_error(-errno, "create " + top_.string());
+  snapshot_ = top_ / name;
+  try {
+    fetch(root, name, m, *text, snapshot_);
+  } catch (...) {
+    (void)detail::remove_tree(top_.string());
+    throw;
+  }
+}
+
+FetchedSnapshot::~FetchedSnapshot() { (void)detail::remove_tree(top_.string()); }
+
+std::vector<BadChunk> verify_s3(const std::string& url) {
+  auto [root, name] = format::S3Root::of_snapshot(url);
+  const Manifest m = root.read_manifest(name);
+  uint64_t largest = 0;
+  const std::vector<ChunkTask> tasks = chunk_tasks(m, &largest);
+  std::mutex mu;
+  std::vector<BadChunk> bad;
+  io::S3Client& client = root.client();
+  for_each_chunk(tasks, largest, [&](const ChunkTask& t, uint8_t* buffer) {
+    const FileRecord& f = m.files[t.file];
+    const uint64_t offset = t.chunk * f.chunk_bytes;
+    const uint64_t len = chunk_length(f, t.chunk);
+    std::string problem;
+    try {
+      client.get_range(root.location().bucket, root.key(name, f.name), offset, buffer, len);
+      if (format::hash64(buffer, len) != f.chunk_hashes[t.chunk]) problem = "hash mismatch";
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kNotFound && e.code() != ErrorCode::kTruncated) throw;
+      problem = e.code() == ErrorCode::kNotFound ? "missing object" : "truncated";
+    }
+    if (!problem.empty()) {
+      std::lock_guard<std::mutex> lock(mu);
+      bad.push_back({f.name, t.chunk, offset, problem});
+    }
+  });
+  std::sort(bad.begin(), bad.end(), [](const BadChunk& a, const BadChunk& b) {
+    return a.file != b.file ? a.file < b.file : a.chunk < b.chunk;
+  });
+  return bad;
+}
+
+}  // namespace tsnap::restore

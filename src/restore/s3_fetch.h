@@ -1,0 +1,54 @@
+#pragma once
+/// \file
+/// Reading snapshots that live in object storage (format/s3_root.h): the chunks of each shard
+/// come back as ranged GETs, several at once, and each is checked against the manifest's
+/// XXH3-64 before it is used. load, load_into and open read a local copy that fetch makes in a
+/// temporary directory (removed afterwards); verify hashes the chunks as they arrive.
+///
+/// Thread-safety: every function may be called from any thread. Each call runs its own
+/// threads (kFetchThreads) and joins them before it returns.
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "format/s3_root.h"
+#include "tsnap/load.h"
+#include "tsnap/manifest.h"
+
+namespace tsnap::restore {
+
+/// Ranged GETs in flight at once.
+inline constexpr int kFetchThreads = 8;
+
+/// Copies snapshot `name` of `root` into the directory `dir` (created; must not exist): each
+/// shard by ranged GETs of its chunks, each chunk checked before it is written, then fsynced;
+/// the manifest (`text`, whose parse is `m`) last. Errors: FormatError kHashMismatch or
+/// kTruncated naming the object, chunk and byte range; IoError from the store or the local
+/// disk. On error `dir` may hold part of the copy (the caller removes it).
+void fetch(const format::S3Root& root, const std::string& name, const Manifest& m,
+           const std::string& text, const std::filesystem::path& dir);
+
+/// A local copy of snapshot `url` ("s3://bucket/prefix/name") in a new temporary directory
+/// (under TSNAP_FETCH_DIR, else the system's temporary directory), removed by the destructor.
+/// Errors: those of fetch and S3Root::read_manifest. Ownership: owns the directory.
+class FetchedSnapshot {
+ public:
+  explicit FetchedSnapshot(const std::string& url);
+  ~FetchedSnapshot();
+  FetchedSnapshot(const FetchedSnapshot&) = delete;
+  FetchedSnapshot& operator=(const FetchedSnapshot&) = delete;
+  /// The local snapshot directory.
+  const std::filesystem::path& path() const { return snapshot_; }
+
+ private:
+  std::filesystem::path top_;       // the temporary directory
+  std::filesystem::path snapshot_;  // top_/<name>
+};
+
+/// verify() of a snapshot in object storage: every chunk of every shard fetched and hashed;
+/// the bad ones (hash mismatch, truncated or missing object) are returned.
+/// Errors: those of S3Root::read_manifest; IoError when the store fails.
+std::vector<BadChunk> verify_s3(const std::string& url);
+
+}  // namespace tsnap::restore

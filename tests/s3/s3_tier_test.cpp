@@ -1,0 +1,282 @@
+// Object storage as the durable tier (SnapshotterOptions::durable_root = "s3://..."), against a
+// real S3-protocol server started by the tests: drain, then restore with the local tier gone;
+// a corrupted object found at restore; wrong credentials and a store that is down failing the
+// drain but never the training; a drain killed mid-upload resumed by the next process with no
+// partial snapshot ever listed; retention in the store; the public calls on s3:// paths.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "format/layout.h"
+#include "format/s3_root.h"
+#include "support/s3_server.h"
+#include "support/test_util.h"
+#include "tsnap/catalog.h"
+#include "tsnap/checkpoint.h"
+#include "tsnap/error.h"
+#include "tsnap/load.h"
+#include "tsnap/periodic_snapshots.h"
+#include "tsnap/remove.h"
+#include "tsnap/snapshotter.h"
+
+namespace tsnap {
+namespace {
+
+namespace fs = std::filesystem;
+using test_support::bitwise_equal;
+using test_support::make_tensor;
+using test_support::S3Server;
+using test_support::TempDir;
+
+// Points the environment (what tsnap reads its S3 configuration from) at the test server.
+class S3Tier : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    S3Server& s3 = S3Server::shared();
+    if (!s3.available()) GTEST_SKIP() << s3.why();
+    config_ = s3.config();
+    set_credentials(config_.access_key, config_.secret_key);
+    ::setenv("AWS_ENDPOINT_URL_S3", config_.endpoint.c_str(), 1);
+    ::setenv("AWS_REGION", config_.region.c_str(), 1);
+    ::setenv("TSNAP_S3_PATH_STYLE", "1", 1);
+    static std::atomic<int> buckets{0};
+    bucket_ = "tsnap-tier-" + std::to_string(::getpid()) + "-" + std::to_string(buckets++);
+    io::S3Client(config_).create_bucket(bucket_);
+  }
+  void set_credentials(const std::string& key, const std::string& secret) {
+    ::setenv("AWS_ACCESS_KEY_ID", key.c_str(), 1);
+    ::setenv("AWS_SECRET_ACCESS_KEY", secret.c_str(), 1);
+  }
+  std::string url(const std::string& prefix) const { return "s3://" + bucket_ + "/" + prefix; }
+  SnapshotterOptions options(const fs::path& local, const std::string& durable) const {
+    SnapshotterOptions o;
+    o.root = local;
+    o.durable_root = durable;
+    o.chunk_bytes = 1 << 20;
+    o.staging_budget_bytes = 8 << 20;
+    o.local_keep_last = 0;
+    return o;
+  }
+
+  io::S3Config config_;
+  std::string bucket_;
+};
+
+// 20 MiB in three tensors: the largest shard is uploaded in parts (8 MiB, whole chunks).
+StateDict state_of(uint64_t seed) {
+  StateDict sd;
+  sd.insert("big", make_tensor(at::kFloat, {4 << 20}, seed));
+  sd.insert("mid", make_tensor(at::kFloat, {1 << 20}, seed + 1));
+  sd.insert("step", at::scalar_tensor(static_cast<int64_t>(seed), at::kLong));
+  return sd;
+}
+
+Checkpoint checkpoint_at(const StateDict& sd, int64_t step) {
+  Checkpoint c = Checkpoint::of({{"state", sd}});
+  c.metadata()["step"] = step;
+  return c;
+}
+
+void expect_same(const StateDict& got, const StateDict& want, const std::string& prefix = "") {
+  for (const std::string& key : want.keys()) {
+    ASSERT_TRUE(got.contains(prefix + key)) << prefix + key;
+    EXPECT_TRUE(bitwise_equal(got.at(prefix + key), want.at(key))) << key;
+  }
+}
+
+TEST_F(S3Tier, DrainedSnapshotsRestoreFromTheStoreWithTheLocalTierGone) {
+  const StateDict sd = state_of(3);
+  const std::string durable = url("run");
+  {
+    TempDir local;
+    Snapshotter snap(options(local.path(), durable));
+    snap.save_async(format::step_name(5), checkpoint_at(sd, 5)).wait();
+    snap.drain_wait();
+    EXPECT_TRUE(snap.drained(format::step_name(5)));
+  }  // the local tier is gone
+  const std::vector<Listed> listed = list(durable);
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_TRUE(listed[0].committed) << listed[0].problem;
+  EXPECT_EQ(listed[0].path.string(), durable + "/" + format::step_name(5));
+  EXPECT_TRUE(verify(listed[0].path).empty());
+  expect_same(load(listed[0].path), sd, "state/");
+
+  // A new process on a new local disk resumes from the store.
+  TempDir local2;
+  Snapshotter snap(options(local2.path(), durable));
+  ASSERT_TRUE(snap.latest().has_value());
+  EXPECT_EQ(snap.latest()->string(), durable + "/" + format::step_name(5));
+  PeriodicSnapshots hook(snap, Schedule({.every_steps = 100}),
+                         [&] { return checkpoint_at(sd, 0); }, {.log = nullptr});
+  StateDict resumed;
+  const int64_t step = hook.resume([&](Checkpoint& c) { resumed = c.state(); });
+  EXPECT_EQ(step, 5);
+  expect_same(resumed, sd, "state/");
+  LoadOptions only_big;
+  only_big.include = {"state/big"};
+  StateDict dest;
+  dest.insert("state/big", at::zeros_like(sd.at("big")));
+  load_into(listed[0].path, dest, only_big);
+  EXPECT_TRUE(bitwise_equal(dest.at("state/big"), sd.at("big")));
+}
+
+TEST_F(S3Tier, ACorruptedObjectIsFoundAtRestoreNamingItsChunk) {
+  TempDir local;
+  const std::string durable = url("corrupt");
+  {
+    Snapshotter snap(options(local.path(), durable));
+    snap.save_async("s", state_of(1)).wait();
+    snap.drain_wait();
+  }
+  const Manifest m = read_manifest(durable + "/s");
+  const FileRecord& f = m.files.front();
+  io::S3Client client(config_);
+  const std::string key = "corrupt/s/" + f.name;
+  std::string bytes = client.get_object(bucket_, key);
+  bytes[f.size - 1] ^= 0x40;  // the last chunk
+  client.put_object(bucket_, key, bytes.data(), bytes.size());
+  try {
+    (void)load(durable + "/s");
+    ADD_FAILURE() << "a corrupted object loaded";
+  } catch (const FormatError& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kHashMismatch);
+    EXPECT_NE(std::string(e.what()).find(durable + "/s/" + f.name), std::string::npos) << e.what();
+  }
+  const std::vector<BadChunk> bad = verify(durable + "/s");
+  ASSERT_EQ(bad.size(), 1u);
+  EXPECT_EQ(bad[0].file, f.name);
+  EXPECT_EQ(bad[0].chunk, f.chunk_hashes.size() - 1);
+  // A missing object is reported too.
+  client.delete_object(bucket_, key);
+  EXPECT_FALSE(verify(durable + "/s").empty());
+}
+
+TEST_F(S3Tier, RefusedCredentialsFailTheDrainNotTheTrainingAndLoseNothing) {
+  TempDir local;
+  const std::string durable = url("creds");
+  const StateDict sd = state_of(2);
+  set_credentials(config_.access_key, "not-the-secret");
+  {
+    Snapshotter snap(options(local.path(), durable));  // the store is not asked here
+    SaveHandle h = snap.save_async("s", sd);
+    h.wait();  // committed locally
+    try {
+      snap.drain_wait();
+      ADD_FAILURE() << "the drain succeeded with a wrong secret";
+    } catch (const IoError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("credentials"), std::string::npos) << what;
+      EXPECT_EQ(what.find("not-the-secret"), std::string::npos) << what;
+    }
+    EXPECT_FALSE(snap.drained("s"));
+  }
+  EXPECT_TRUE(fs::exists(local / "s" / kManifestName));  // never removed while undrained
+  set_credentials(config_.access_key, config_.secret_key);
+  Snapshotter snap(options(local.path(), durable));  // the next process drains it
+  snap.drain_wait();
+  EXPECT_TRUE(snap.drained("s"));
+  expect_same(load(durable + "/s"), sd);
+}
+
+TEST_F(S3Tier, AStoreThatIsDownFailsTheDrainQuicklyAndTheNextDrainCompletes) {
+  TempDir local;
+  const std::string durable = url("down");
+  // A port nothing listens on: the store is down.
+  ::setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9", 1);
+  {
+    Snapshotter snap(options(local.path(), durable));
+    const auto t0 = std::chrono::steady_clock::now();
+    snap.save_async("s", state_of(4)).wait();
+    EXPECT_THROW(snap.drain_wait(), IoError);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60));
+  }
+  ::setenv("AWS_ENDPOINT_URL_S3", config_.endpoint.c_str(), 1);  // back up
+  Snapshotter snap(options(local.path(), durable));
+  snap.drain_wait();
+  expect_same(load(durable + "/s"), state_of(4));
+}
+
+// A drain killed mid-upload: no snapshot is listed as committed meanwhile, and the next
+// process resumes the multipart upload (keeping the parts already there) and completes it.
+TEST_F(S3Tier, ADrainKilledMidUploadIsResumedAndNeverListedHalfDone) {
+  TempDir local;
+  const std::string durable = url("killed");
+  StateDict sd;
+  sd.insert("big", make_tensor(at::kFloat, {10 << 20}, 9));  // 40 MiB: 5 parts of 8 MiB
+  {
+    SnapshotterOptions o = options(local.path(), "");
+    Snapshotter snap(o);
+    snap.save_async("s", sd).wait();  // committed locally, not drained yet
+  }
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    SnapshotterOptions o = options(local.path(), durable);
+    o.drain_bytes_per_second = 8 << 20;  // 5 s for the whole file
+    Snapshotter snap(o);
+    snap.drain_wait();
+    ::_exit(0);
+  }
+  io::S3Client client(config_);
+  bool parts_seen = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!parts_seen && std::chrono::steady_clock::now() < deadline) {
+    for (const io::S3Upload& u : client.list_multipart_uploads(bucket_, "killed/")) {
+      if (!client.list_parts(bucket_, u.key, u.upload_id).empty()) parts_seen = true;
+    }
+    for (const Listed& l : list(durable)) EXPECT_FALSE(l.committed) << l.name;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  ASSERT_TRUE(parts_seen) << "the child uploaded no part within 60 s";
+  for (const Listed& l : list(durable)) EXPECT_FALSE(l.committed) << l.name;
+
+  Snapshotter snap(options(local.path(), durable));
+  uint64_t resumed = 0;
+  snap.add_drain_listener([&](const DrainRecord& r) { resumed += r.resumed_bytes; });
+  snap.drain_wait();
+  EXPECT_TRUE(snap.drained("s"));
+  EXPECT_GE(resumed, 8u << 20);  // at least the part seen
+  EXPECT_TRUE(client.list_multipart_uploads(bucket_, "killed/").empty());
+  expect_same(load(durable + "/s"), sd);
+}
+
+TEST_F(S3Tier, KeepRulesApplyInTheStore) {
+  TempDir local;
+  const std::string durable = url("retention");
+  Snapshotter snap(options(local.path(), durable));
+  StateDict sd;
+  sd.insert("w", make_tensor(at::kFloat, {1024}, 1));
+  PeriodicSnapshots hook(snap, Schedule({.every_steps = 1, .keep_last = 2}),
+                         [&] { return Checkpoint::of({{"m", sd}}); },
+                         {.when_busy = WhenBusy::kWait, .log = nullptr});
+  for (int64_t step = 1; step <= 4; ++step) {
+    sd.at("w").add_(1);
+    hook.after_step(step);
+  }
+  hook.finish();
+  snap.drain_wait();
+  std::vector<std::string> names;
+  for (const Listed& l : list(durable)) {
+    if (l.committed) names.push_back(l.name);
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{format::step_name(3), format::step_name(4)}));
+  // remove_snapshot on the store: the manifest first, then the rest.
+  remove_snapshot(durable + "/" + format::step_name(3));
+  EXPECT_EQ(list(durable).size(), 1u);
+  EXPECT_THROW(remove_snapshot(durable + "/" + format::step_name(3)), IoError);
+}
+
+}  // namespace
+}  // namespace tsnap
