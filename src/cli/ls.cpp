@@ -11,6 +11,7 @@
 #include <system_error>
 
 #include "cli/commands.h"
+#include "format/s3_root.h"
 #include "cli/output.h"
 #include "tsnap/catalog.h"
 #include "tsnap/error.h"
@@ -95,11 +96,20 @@ nlohmann::json to_json(const Listed& entry) {
 }
 
 int run_ls(const LsOptions& options) {
-  if (!fs::is_directory(options.root)) {
+  const bool s3 = format::is_s3(options.root);
+  if (!s3 && !fs::is_directory(options.root)) {
     throw_error(ErrorCode::kNotFound, "not a directory: " + options.root.string());
   }
   // A snapshot given for its root: say so, and show its own line of its root's listing.
-  const bool is_snapshot = fs::exists(options.root / "MANIFEST.json");
+  bool is_snapshot = !s3 && fs::exists(options.root / "MANIFEST.json");
+  if (s3) {
+    try {
+      (void)read_manifest(options.root);
+      is_snapshot = true;
+    } catch (const Error& e) {
+      // a root (a bucket, a prefix without a manifest); a corrupt manifest shows in the listing
+    }
+  }
   const fs::path dir = options.root.has_filename() ? options.root : options.root.parent_path();
   const fs::path parent = dir.parent_path().empty() ? fs::path(".") : dir.parent_path();
   std::vector<Listed> entries = list(is_snapshot ? parent : options.root);

@@ -47,6 +47,7 @@ struct SnapshotReader::Impl {
   std::unordered_map<std::string_view, size_t> file_index;
   mutable std::mutex mu;
   mutable std::vector<std::unique_ptr<Mapping>> maps;  // by file index, made on first use
+  std::shared_ptr<const restore::FetchedSnapshot> fetched;  // the local copy of an s3:// one
 
   Impl(const format::SnapshotDir& d, const OpenOptions& o)
       : dir(d.duplicate()), options(o), manifest(format::read_manifest_in(dir)) {
@@ -161,6 +162,14 @@ at::Tensor SnapshotReader::view(const TensorRecord& r, uint64_t begin, uint64_t 
 }
 
 SnapshotReader open(const std::filesystem::path& path, const OpenOptions& options) {
+  if (format::is_s3(path)) {
+    // The reader maps its files on first use: the local copy lives as long as it does.
+    auto fetched = std::make_shared<const restore::FetchedSnapshot>(path.native());
+    auto impl = std::make_shared<SnapshotReader::Impl>(
+        format::SnapshotDir::open(fetched->path()), options);
+    impl->fetched = std::move(fetched);
+    return SnapshotReader(std::move(impl));
+  }
   return restore::read_snapshot(path, [&](const format::SnapshotDir& dir) {
     return SnapshotReader(std::make_shared<const SnapshotReader::Impl>(dir, options));
   });

@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <array>
+#include <cstdio>
 #include <chrono>
 #include <cstdlib>
 #include <string>
@@ -25,6 +27,7 @@
 #include "tsnap/error.h"
 #include "tsnap/load.h"
 #include "tsnap/periodic_snapshots.h"
+#include "tsnap/reader.h"
 #include "tsnap/remove.h"
 #include "tsnap/snapshotter.h"
 
@@ -276,6 +279,40 @@ TEST_F(S3Tier, KeepRulesApplyInTheStore) {
   remove_snapshot(durable + "/" + format::step_name(3));
   EXPECT_EQ(list(durable).size(), 1u);
   EXPECT_THROW(remove_snapshot(durable + "/" + format::step_name(3)), IoError);
+}
+
+// What `tsnap <args>` printed (stdout and stderr) and its exit status.
+std::pair<int, std::string> run_tool(const std::string& args) {
+  std::string out;
+  FILE* p = ::popen((std::string(TSNAP_CLI_PATH) + " " + args + " 2>&1").c_str(), "r");
+  if (p == nullptr) return {-1, ""};
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int status = ::pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST_F(S3Tier, TheToolAndTheLazyReaderTakeStoreUrls) {
+  TempDir local;
+  const std::string durable = url("tool");
+  const StateDict sd = state_of(6);
+  {
+    Snapshotter snap(options(local.path(), durable));
+    snap.save_async("s", sd).wait();
+    snap.drain_wait();
+  }
+  auto [ls_status, ls] = run_tool("ls " + durable);
+  EXPECT_EQ(ls_status, 0) << ls;
+  EXPECT_NE(ls.find("s"), std::string::npos) << ls;
+  auto [inspect_status, inspect] = run_tool("inspect " + durable + "/s");
+  EXPECT_EQ(inspect_status, 0) << inspect;
+  EXPECT_NE(inspect.find("big"), std::string::npos) << inspect;
+  auto [verify_status, verified] = run_tool("verify " + durable + "/s");
+  EXPECT_EQ(verify_status, 0) << verified;
+  const SnapshotReader reader = open(durable + "/s");
+  EXPECT_TRUE(bitwise_equal(reader.read("mid"), sd.at("mid")));
+  EXPECT_TRUE(bitwise_equal(reader.read("big"), sd.at("big")));
 }
 
 }  // namespace
