@@ -1,0 +1,45 @@
+#pragma once
+// A local S3-protocol server for the tests that speak S3 (scripts/s3-server.sh: moto on
+// 127.0.0.1, checking credentials and SigV4 signatures), started by the tests themselves.
+//
+//   auto& s3 = tsnap::test_support::S3Server::shared();
+//   if (!s3.available()) GTEST_SKIP() << s3.why();
+//   tsnap::io::S3Client client(s3.config());
+
+#include <string>
+
+#include "io/s3_client.h"
+
+namespace tsnap::test_support {
+
+/// One server process, started in the constructor and stopped in the destructor. It also stops
+/// when the test program dies without clean-up (the script watches the program's pid).
+/// Thread-safety: const methods only, after construction. Ownership: owns the server process
+/// and its state directory (a temporary directory, removed by the destructor).
+class S3Server {
+ public:
+  /// Runs `scripts/s3-server.sh start` on a free port. Never throws: when the server cannot be
+  /// started (not installed: scripts/s3-server.sh install) available() is false.
+  S3Server();
+  ~S3Server();
+  S3Server(const S3Server&) = delete;
+  S3Server& operator=(const S3Server&) = delete;
+
+  /// The process-wide server, started on first use (thread-safe) and stopped at exit.
+  static S3Server& shared();
+
+  /// Whether the server runs.
+  bool available() const { return available_; }
+  /// Why it does not (for GTEST_SKIP), with the script's output.
+  const std::string& why() const { return why_; }
+  /// "http://127.0.0.1:PORT".
+  const std::string& endpoint() const { return endpoint_; }
+  /// The endpoint and the server's credentials: path-style, us-east-1, 3 attempts.
+  io::S3Config config() const;
+
+ private:
+  bool available_ = false;
+  std::string why_, state_dir_, endpoint_, region_, access_key_, secret_key_;
+};
+
+}  // namespace tsnap::test_support
