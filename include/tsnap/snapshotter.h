@@ -175,6 +175,13 @@ class TSNAP_API Snapshotter {
   /// prepare() for a multi-object checkpoint's flattened state.
   void prepare(const Checkpoint& checkpoint, const SaveOptions& options = {});
 
+  /// With a group: tells the other ranks that this rank will not take part in its next save of
+  /// `name` (e.g. building its state failed), so their saves of it fail at once with
+  /// Error(kPeerFailed) naming this rank and `reason`, instead of waiting for its part until
+  /// the group's timeout; later saves are not affected (ranks agree on saves by name). Call it
+  /// instead of that save_async. Without a group it does nothing. Never throws.
+  void abandon(const std::string& name, const std::string& reason) noexcept;
+
   /// Waits for every save in flight; does not throw (each handle keeps its error).
   void wait_all();
   /// The root directory.

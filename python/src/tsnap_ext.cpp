@@ -476,6 +476,13 @@ PYBIND11_MODULE(_C, m) {
            py::arg("name"), py::arg("tensors"), py::arg("metadata"), py::arg("dtype"),
            py::arg("staging"), py::arg("overwrite"), py::arg("num_shards"), py::arg("chunk_bytes"),
            py::arg("incremental"), py::arg("shards") = Shards{})
+      .def("abandon",
+           [](PySnapshotter& self, const std::string& name, const std::string& reason) {
+             tsnap::Snapshotter& snap = self.get();
+             py::gil_scoped_release release;
+             snap.abandon(name, reason);
+           },
+           py::arg("name"), py::arg("reason"))
       .def("prepare",
            [](PySnapshotter& self, const std::map<std::string, at::Tensor>& tensors,
               const py::object& dtype, int num_shards, uint64_t chunk_bytes,

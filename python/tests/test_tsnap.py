@@ -126,6 +126,20 @@ def test_save_async_is_exact_when_tensors_change_after_return(tmp_path):
     assert_same(tsnap.load(tmp_path / "s"), expected)
 
 
+def test_prepare_makes_the_staging_buffers_before_the_first_save(tmp_path):
+    state = {"a": sample(torch.float32, (512, 1024)), "n": {"b": sample(torch.float32, (64,), 2)}}
+    with tsnap.Snapshotter(tmp_path) as snap:
+        assert snap.staging_budget == 0
+        snap.prepare(state)
+        budget = snap.staging_budget
+        assert budget >= 512 * 1024 * 4
+        snap.prepare(state)  # once made, the pool stays
+        snap.save_async("s", state).wait()
+        assert snap.staging_budget == budget
+        snap.abandon("t", "no group: nothing to tell")  # a no-op without a group
+    assert_same(tsnap.load(tmp_path / "s"), state)
+
+
 def test_lazy_staging(tmp_path):
     state = {"a": sample(torch.float32, (256, 1024))}
     expected = state["a"].clone()

@@ -151,6 +151,14 @@ class Snapshotter:
                                              bool(overwrite), int(num_shards), int(chunk_bytes),
                                              incremental, shards))
 
+    def abandon(self, name, reason):
+        """With a group: tells the other ranks this rank will not take part in its next save
+        of ``name`` (building its state failed, say), so theirs fail at once with tsnap.Error
+        (peer_failed) naming this rank and ``reason``, not after the group's timeout. Call it
+        instead of that ``save_async``; later saves are not affected. Without a group it does
+        nothing."""
+        self._s.abandon(str(name), str(reason))
+
     def prepare(self, state, dtype=None, *, num_shards=0, chunk_bytes=0, dtype_rules=None):
         """Sizes the staging buffers for saves of ``state`` (as its first save would, with the
         automatic ``staging_budget``) and faults them in now, on every core, so that the first

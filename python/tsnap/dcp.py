@@ -308,6 +308,25 @@ class StorageWriter(_dcp_storage.StorageWriter):
             raise _invalid("the plan was not prepared by tsnap.dcp.StorageWriter "
                            "(prepare_global_plan)")
         distributed = data.world_size > 1
+        snap, name = self._snapshotter_for(data.world_size)
+        try:
+            entries, shards, results = self._items(plan, planner, distributed)
+        except BaseException as e:
+            # The other ranks' saves fail now, naming this rank's error, not on the timeout.
+            snap.abandon(name, f"{type(e).__name__}: {e}")
+            raise
+        metadata = {DCP_KEY: json.loads(data.record)}
+        self._handle = _save_pieces(snap, name, entries, shards, metadata, self._dtype,
+                                    self._overwrite)
+        if not self._async_commit:
+            self._handle.wait()
+        fut = Future()
+        fut.set_result(results)
+        return fut
+
+    @staticmethod
+    def _items(plan, planner, distributed):
+        """What this rank saves of `plan`: (entries, shards, DCP write results)."""
         entries = {}
         shards = {}
         results = []
@@ -337,16 +356,7 @@ class StorageWriter(_dcp_storage.StorageWriter):
             results.append(_dcp_storage.WriteResult(
                 index=item.index, size_in_bytes=tensor.numel() * tensor.element_size(),
                 storage_data=key))
-
-        metadata = {DCP_KEY: json.loads(data.record)}
-        snap, name = self._snapshotter_for(data.world_size)
-        self._handle = _save_pieces(snap, name, entries, shards, metadata, self._dtype,
-                                    self._overwrite)
-        if not self._async_commit:
-            self._handle.wait()
-        fut = Future()
-        fut.set_result(results)
-        return fut
+        return entries, shards, results
 
     def finish(self, metadata, results):
         # The manifest, written by tsnap's commit, is the checkpoint's metadata.

@@ -360,6 +360,19 @@ void Snapshotter::prepare(const StateDict& state, const SaveOptions& options) {
   impl_->ensure_pool(impl_->make_save_plan(state, options, format::new_save_id(), {}));
 }
 
+void Snapshotter::abandon(const std::string& name, const std::string& reason) noexcept {
+  pipeline::Coordinator* coord = impl_->coordinator.get();
+  if (coord == nullptr) return;
+  try {
+    const std::string id = coord->save_id(name);
+    pipeline::report_no_part(
+        *coord, id, name,
+        std::make_exception_ptr(Error(ErrorCode::kCancelled, "the save was abandoned: " + reason)));
+  } catch (...) {
+    // The store is gone: the other ranks fail on it too.
+  }
+}
+
 SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& id,
                                     const StateDict& state, const nlohmann::json& metadata,
                                     const SaveOptions& options) {
