@@ -4,8 +4,8 @@
 Layers, bottom-up; a folder under src/ may include its own headers, the public headers
 (include/tsnap/), and the headers of the folders below it:
 
-    common, io  ->  format  ->  plan  ->  stage  ->  pipeline | restore  ->  state  ->  policy
-    ->  dist  ->  cli
+    common, io  ->  format  ->  plan  ->  stage  ->  dist  ->  pipeline | restore  ->  state
+    ->  policy  ->  cli
 
 pipeline (write) and restore (read) are siblings: neither includes the other. bench/ and python/ (the
 Python package's binding) sit at the level of cli; the one include beside a layer that is allowed is cli/ -> bench/ (`tsnap bench` is a
@@ -20,10 +20,10 @@ LAYERS = [
     ["format"],
     ["plan"],
     ["stage"],
+    ["dist"],
     ["pipeline", "restore"],
     ["state"],
     ["policy"],
-    ["dist"],
     ["cli", "bench", "python"],
 ]
 LEVEL = {name: level for level, names in enumerate(LAYERS) for name in names}

@@ -23,9 +23,9 @@ class Store;
 
 namespace tsnap {
 
-namespace pipeline {
+namespace dist {
 class Coordinator;
-}  // namespace pipeline
+}  // namespace dist
 
 /// Options of a DistGroup.
 struct TSNAP_API DistOptions {
@@ -64,14 +64,14 @@ class TSNAP_API DistGroup {
   /// The store (to build the training's own process group on it, under another prefix).
   const c10::intrusive_ptr<c10d::Store>& store() const;
   /// Internal: what distributed saves coordinate through.
-  const std::shared_ptr<pipeline::Coordinator>& coordinator() const { return coordinator_; }
+  const std::shared_ptr<dist::Coordinator>& coordinator() const { return coordinator_; }
 
  private:
   int rank_;
   int world_size_;
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  std::shared_ptr<pipeline::Coordinator> coordinator_;
+  std::shared_ptr<dist::Coordinator> coordinator_;
 };
 
 }  // namespace tsnap

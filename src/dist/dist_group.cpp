@@ -18,8 +18,8 @@
 #include <thread>
 
 #include "common/sys_error.h"
+#include "dist/coordinator.h"
 #include "format/layout.h"
-#include "pipeline/coordinator.h"
 #include "tsnap/error.h"
 
 namespace tsnap {
@@ -33,7 +33,7 @@ std::string seconds_text(std::chrono::milliseconds t) {
   return ms % 1000 == 0 ? std::to_string(ms / 1000) + " s" : std::to_string(ms) + " ms";
 }
 
-class StoreCoordinator final : public pipeline::Coordinator {
+class StoreCoordinator final : public dist::Coordinator {
  public:
   StoreCoordinator(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
                    DistOptions options)

@@ -4,8 +4,8 @@
 #include <map>
 #include <utility>
 
+#include "dist/coordinator.h"
 #include "format/manifest_io.h"
-#include "pipeline/coordinator.h"
 #include "tsnap/error.h"
 
 namespace tsnap::pipeline {
@@ -76,7 +76,7 @@ std::exception_ptr error_from_json(const json& j) {
                     j.value("message", std::string("(no message)")), j.value("errno", 0));
 }
 
-void report_no_part(Coordinator& coordinator, const std::string& id, const std::string& name,
+void report_no_part(dist::Coordinator& coordinator, const std::string& id, const std::string& name,
                     std::exception_ptr error) noexcept {
   try {
     json e = error_json(error);

@@ -8,9 +8,11 @@
 #include <string>
 #include <vector>
 
-namespace tsnap::pipeline {
-
+namespace tsnap::dist {
 class Coordinator;
+}  // namespace tsnap::dist
+
+namespace tsnap::pipeline {
 
 /// `e` as {"code": <ErrorCode>, "message": ...}; an exception that is not a tsnap::Error is
 /// kInternal.
@@ -23,7 +25,7 @@ std::exception_ptr error_from_json(const nlohmann::json& j);
 /// of the snapshot too late) reports `error` at once: rank 0 decides the save failed, another
 /// rank posts its error for rank 0; either way the other ranks fail now, not on the timeout,
 /// and every rank's sequence of save ids stays in step. Never throws.
-void report_no_part(Coordinator& coordinator, const std::string& id, const std::string& name,
+void report_no_part(dist::Coordinator& coordinator, const std::string& id, const std::string& name,
                     std::exception_ptr error) noexcept;
 
 /// Rank 0: the manifest text of the snapshot that `reports` (one per rank, in rank order)

@@ -39,7 +39,7 @@ int64_t now_ns() {
 }  // namespace
 
 SaveJob::SaveJob(Resources& res, plan::Plan plan, CommitPaths paths, nlohmann::json metadata,
-                 bool overwrite, std::shared_ptr<Coordinator> coordinator,
+                 bool overwrite, std::shared_ptr<dist::Coordinator> coordinator,
                  Clock::time_point started, std::function<void(bool)> release_slot,
                  std::function<void()> on_completed, ProgressFn progress)
     : res_(res),
@@ -389,7 +389,7 @@ Manifest SaveJob::manifest(bool memory) const {
 
 std::exception_ptr SaveJob::coordinate(std::exception_ptr error, uint64_t* manifest_bytes,
                                        std::string* leftover) {
-  Coordinator& c = *coordinator_;
+  dist::Coordinator& c = *coordinator_;
   const std::string& id = plan_.id;
   try {
     // Every rank reports: its manifest part (no user metadata: rank 0's goes in the snapshot)

@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "common/progress_meter.h"
+#include "dist/coordinator.h"
 #include "pipeline/commit.h"
-#include "pipeline/coordinator.h"
 #include "pipeline/resources.h"
 #include "pipeline/reuse.h"
 #include "pipeline/save_state.h"
@@ -41,7 +41,7 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   /// With a `coordinator` the save is this rank's part of a distributed save (see
   /// coordinate()); without one it commits alone.
   SaveJob(Resources& res, plan::Plan plan, CommitPaths paths, nlohmann::json metadata,
-          bool overwrite, std::shared_ptr<Coordinator> coordinator, Clock::time_point started,
+          bool overwrite, std::shared_ptr<dist::Coordinator> coordinator, Clock::time_point started,
           std::function<void(bool)> release_slot, std::function<void()> on_completed,
           ProgressFn progress = {});
 
@@ -88,7 +88,7 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   CommitPaths paths_;
   nlohmann::json metadata_;
   bool overwrite_;
-  std::shared_ptr<Coordinator> coordinator_;
+  std::shared_ptr<dist::Coordinator> coordinator_;
   Clock::time_point started_;
   std::function<void(bool)> release_slot_;
   std::function<void()> on_completed_;

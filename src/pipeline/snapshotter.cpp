@@ -16,13 +16,13 @@
 
 #include "common/owner_process.h"
 #include "common/sys_error.h"
+#include "dist/coordinator.h"
 #include "io/thread_priority.h"
 #include "format/layout.h"
 #include "format/s3_root.h"
 #include "format/manifest_io.h"
 #include "format/safetensors.h"
 #include "pipeline/commit.h"
-#include "pipeline/coordinator.h"
 #include "pipeline/drain.h"
 #include "pipeline/rank_report.h"
 #include "pipeline/resources.h"
@@ -61,7 +61,7 @@ struct Snapshotter::Impl {
   // Names of the saves whose handle has not completed yet: a second save of one of them is
   // refused at the call (kAlreadyExists) or, with overwrite, ordered after it (see admit).
   std::multiset<std::string> names;
-  std::shared_ptr<pipeline::Coordinator> coordinator;  // distributed saves only
+  std::shared_ptr<dist::Coordinator> coordinator;  // distributed saves only
   std::mutex pool_mu;  // guards the creation of res.pool (automatic budget: at the first save)
   std::mutex base_mu;
   std::string last_committed;  // name of the last snapshot a save of this Snapshotter committed
@@ -339,7 +339,7 @@ Snapshotter::~Snapshotter() {
 SaveHandle Snapshotter::save_async(const std::string& name, const StateDict& state,
                                    const nlohmann::json& metadata, const SaveOptions& options) {
   impl_->owner.check("this Snapshotter");
-  pipeline::Coordinator* coord = impl_->coordinator.get();
+  dist::Coordinator* coord = impl_->coordinator.get();
   // A distributed save's id is drawn first, so that a failure to start is reported to the
   // other ranks instead of leaving them waiting.
   const std::string id = coord ? coord->save_id(name) : format::new_save_id();
@@ -361,7 +361,7 @@ void Snapshotter::prepare(const StateDict& state, const SaveOptions& options) {
 }
 
 void Snapshotter::abandon(const std::string& name, const std::string& reason) noexcept {
-  pipeline::Coordinator* coord = impl_->coordinator.get();
+  dist::Coordinator* coord = impl_->coordinator.get();
   if (coord == nullptr) return;
   try {
     const std::string id = coord->save_id(name);

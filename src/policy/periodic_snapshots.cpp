@@ -24,8 +24,8 @@
 
 #include "common/owner_process.h"
 #include "common/sys_error.h"
+#include "dist/coordinator.h"
 #include "format/layout.h"
-#include "pipeline/coordinator.h"
 #include "pipeline/rank_report.h"
 #include "policy/retention.h"
 #include "policy/summary.h"
@@ -142,7 +142,7 @@ struct PeriodicSnapshots::Impl {
   };
   static constexpr double kLeadSeconds = 0.5;
   static constexpr int64_t kMinLeadSteps = 3;
-  pipeline::Coordinator* coord = nullptr;
+  dist::Coordinator* coord = nullptr;
   asio::steady_timer poll_timer{io};
   int64_t next_trigger = 0;  // hook thread
   // Set when the group's store cannot be reached (the rank hosting it has ended): this rank's

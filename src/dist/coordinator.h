@@ -1,12 +1,13 @@
 #pragma once
 // What a distributed save needs from its process group: agreeing on save ids, publishing each
-// rank's report, and rank 0's verdict. The pipeline sees only this interface; src/dist/
-// implements it over a c10d Store (tsnap::DistGroup), and tests can fake it.
+// rank's report, and rank 0's verdict. The pipeline and the periodic hooks see only this
+// interface, which a tsnap::DistGroup hands them (dist_group.cpp implements it over a c10d Store);
+// tests can fake it. dist/ sits below pipeline/, which takes a DistGroup in its options.
 
 #include <string>
 #include <vector>
 
-namespace tsnap::pipeline {
+namespace tsnap::dist {
 
 /// Thread-safety: every method may be called from several saves' threads at once.
 class Coordinator {
@@ -46,4 +47,4 @@ class Coordinator {
   virtual std::string poll_trigger(int64_t index) = 0;
 };
 
-}  // namespace tsnap::pipeline
+}  // namespace tsnap::dist
