@@ -1,7 +1,8 @@
 #pragma once
 /// \file
 /// `tsnap::HotSnapshot`: the last snapshot a Snapshotter committed, still in its staging buffers
-/// (`SnapshotterOptions::keep_hot`), and loads from it that never touch the disk: roll training
+/// (`SnapshotterOptions::keep_hot`), which `tsnap::load` and `tsnap::load_into` (tsnap/load.h) and
+/// `tsnap::load_checkpoint` (tsnap/checkpoint.h) read without touching the disk: roll training
 /// back a few steps after a NaN loss or a caught exception while the process is alive.
 /// ```
 /// tsnap::Snapshotter snap({.root = "ckpt", .keep_hot = true});
@@ -27,9 +28,7 @@
 #include <string>
 
 #include "tsnap/export.h"
-#include "tsnap/load.h"
 #include "tsnap/manifest.h"
-#include "tsnap/state_dict.h"
 
 namespace tsnap {
 
@@ -71,23 +70,5 @@ class TSNAP_API HotSnapshot {
   friend struct detail::HotAccess;
   std::shared_ptr<const Impl> impl_;
 };
-
-/// `tsnap::load` from memory: new CPU tensors in their stored dtype, bit-identical to a load of
-/// the directory. Same options and semantics as the disk version; the read options (engine,
-/// direct_io, io_threads, read_budget_bytes) do not apply: nothing is read.
-/// Errors: InvalidArgument for an empty handle; IoError(kNotFound) once evicted;
-/// FormatError(kHashMismatch) naming file and chunk for a corrupt buffer (with
-/// `verify`, the default); those of `tsnap::load` for patterns. Thread-safe.
-/// Ownership: the returned tensors are new and owned by the caller.
-TSNAP_API StateDict load(const HotSnapshot& snapshot, const LoadOptions& options = {});
-
-/// `tsnap::load_into` from memory: the same checks before any destination byte changes, the
-/// same conversions, the same report (`engine` is "memory", `bytes_read` the bytes verified).
-/// With `atomic`, every selected chunk is verified before any destination is written; this
-/// needs no read buffers (the bytes are in memory already), so read_budget_bytes does not bound
-/// it. Errors: those of `load(const HotSnapshot&)` and of `tsnap::load_into`.
-/// Thread-safety and ownership: as tsnap::load_into.
-TSNAP_API LoadReport load_into(const HotSnapshot& snapshot, StateDict& dest,
-                               const LoadOptions& options = {});
 
 }  // namespace tsnap

@@ -1,7 +1,8 @@
 #pragma once
 /// \file
 /// Reading snapshots back: `tsnap::load` (into new tensors), `tsnap::load_into` (into existing
-/// tensors, in place, with dtype conversion) and `tsnap::verify`.
+/// tensors, in place, with dtype conversion), each from a snapshot directory or from a hot
+/// snapshot (tsnap/hot_snapshot.h), and `tsnap::verify`.
 ///
 /// Both loads share one read path: the chunks that hold the selected tensors are read whole and
 /// in parallel (io_uring where available, O_DIRECT where the filesystem allows it and the file
@@ -22,6 +23,8 @@
 #include "tsnap/state_dict.h"
 
 namespace tsnap {
+
+class HotSnapshot;
 
 /// Options of a load. Designated initialisers read well: `{.include = {"model.*"}}`.
 struct TSNAP_API LoadOptions {
@@ -95,6 +98,25 @@ struct TSNAP_API LoadReport {
 /// Thread-safety: `dest`'s tensors must not be used by other threads during the call.
 /// Ownership: writes into `dest`'s storage; `dest` itself (its keys) is not changed.
 TSNAP_API LoadReport load_into(const std::filesystem::path& path, StateDict& dest,
+                               const LoadOptions& options = {});
+
+/// `tsnap::load` from a hot snapshot (tsnap/hot_snapshot.h), in memory: new CPU tensors in
+/// their stored dtype, bit-identical to a load of the directory. Same options and semantics as
+/// the disk version; the read options (engine, direct_io, io_threads, read_budget_bytes) do not
+/// apply: nothing is read.
+/// Errors: InvalidArgument for an empty handle; IoError(kNotFound) once evicted;
+/// FormatError(kHashMismatch) naming file and chunk for a corrupt buffer (with
+/// `verify`, the default); those of `tsnap::load` for patterns. Thread-safe.
+/// Ownership: the returned tensors are new and owned by the caller.
+TSNAP_API StateDict load(const HotSnapshot& snapshot, const LoadOptions& options = {});
+
+/// `tsnap::load_into` from a hot snapshot, in memory: the same checks before any destination
+/// byte changes, the same conversions, the same report (`engine` is "memory", `bytes_read` the
+/// bytes verified). With `atomic`, every selected chunk is verified before any destination is
+/// written; this needs no read buffers (the bytes are in memory already), so read_budget_bytes
+/// does not bound it. Errors: those of `load(const HotSnapshot&)` and of `tsnap::load_into`.
+/// Thread-safety and ownership: as tsnap::load_into.
+TSNAP_API LoadReport load_into(const HotSnapshot& snapshot, StateDict& dest,
                                const LoadOptions& options = {});
 
 /// One chunk that failed verification.
