@@ -77,7 +77,7 @@ void set_python_error(const tsnap::Error& e) {
 std::optional<at::ScalarType> to_dtype(const py::object& dtype) {
   if (dtype.is_none()) return std::nullopt;
   if (!THPDtype_Check(dtype.ptr())) {
-    throw tsnap::InvalidArgument(
+    tsnap::throw_error(
         tsnap::ErrorCode::kInvalidArgument,
         std::string("dtype must be a torch.dtype or None, not ") + Py_TYPE(dtype.ptr())->tp_name);
   }
@@ -87,24 +87,23 @@ std::optional<at::ScalarType> to_dtype(const py::object& dtype) {
 tsnap::Staging to_staging(const std::string& staging) {
   if (staging == "eager") return tsnap::Staging::kEager;
   if (staging == "lazy") return tsnap::Staging::kLazy;
-  throw tsnap::InvalidArgument(tsnap::ErrorCode::kInvalidArgument,
-                               "staging must be 'eager' or 'lazy', not '" + staging + "'");
+  tsnap::throw_error(tsnap::ErrorCode::kInvalidArgument,
+                     "staging must be 'eager' or 'lazy', not '" + staging + "'");
 }
 
 tsnap::EngineKind to_engine(const std::string& engine) {
   if (engine == "auto") return tsnap::EngineKind::kAuto;
   if (engine == "io_uring") return tsnap::EngineKind::kUring;
   if (engine == "pwrite") return tsnap::EngineKind::kPwrite;
-  throw tsnap::InvalidArgument(
-      tsnap::ErrorCode::kInvalidArgument,
-      "engine must be 'auto', 'io_uring' or 'pwrite', not '" + engine + "'");
+  tsnap::throw_error(tsnap::ErrorCode::kInvalidArgument,
+                     "engine must be 'auto', 'io_uring' or 'pwrite', not '" + engine + "'");
 }
 
 json to_json(const std::string& text, const char* what) {
   json value = text.empty() ? json::object() : json::parse(text, nullptr, false);
   if (value.is_discarded() || !value.is_object()) {
-    throw tsnap::InvalidArgument(tsnap::ErrorCode::kInvalidArgument,
-                                 std::string(what) + " must be a JSON object");
+    tsnap::throw_error(tsnap::ErrorCode::kInvalidArgument,
+                       std::string(what) + " must be a JSON object");
   }
   return value;
 }
@@ -125,8 +124,8 @@ tsnap::StateDict to_state(const std::map<std::string, at::Tensor>& tensors,
   }
   for (const auto& [key, spec] : shards) {
     if (tensors.count(key) == 0) {
-      throw tsnap::InvalidArgument(tsnap::ErrorCode::kInvalidArgument,
-                                   "shard spec for '" + key + "', which has no tensor");
+      tsnap::throw_error(tsnap::ErrorCode::kInvalidArgument,
+                         "shard spec for '" + key + "', which has no tensor");
     }
   }
   return state;
@@ -139,7 +138,7 @@ c10::intrusive_ptr<c10d::Store> to_store(const py::object& store) {
   try {
     return store.cast<c10::intrusive_ptr<c10d::Store>>();
   } catch (const py::cast_error&) {
-    throw tsnap::InvalidArgument(
+    tsnap::throw_error(
         tsnap::ErrorCode::kInvalidArgument,
         std::string("store must be a torch.distributed.Store (TCPStore, PrefixStore, ...), not ") +
             Py_TYPE(store.ptr())->tp_name);
@@ -192,13 +191,13 @@ struct PySnapshotter {
 
   tsnap::Snapshotter& get() {
     if (!snapshotter) {
-      throw tsnap::Error(tsnap::ErrorCode::kCancelled, "the Snapshotter is closed");
+      tsnap::throw_error(tsnap::ErrorCode::kCancelled, "the Snapshotter is closed");
     }
     return *snapshotter;
   }
   void close() {
     if (open_hooks > 0) {
-      throw tsnap::Error(tsnap::ErrorCode::kBusy,
+      tsnap::throw_error(tsnap::ErrorCode::kBusy,
                          "the Snapshotter has an open PeriodicSnapshots: close the hook first");
     }
     py::gil_scoped_release release;
@@ -301,7 +300,7 @@ class PyPeriodic {
 
  private:
   tsnap::PeriodicSnapshots& hook() {
-    if (!hook_) throw tsnap::Error(tsnap::ErrorCode::kCancelled, "the hook is closed");
+    if (!hook_) tsnap::throw_error(tsnap::ErrorCode::kCancelled, "the hook is closed");
     return *hook_;
   }
   // On the training thread, inside after_step (which released the GIL).
@@ -664,7 +663,7 @@ PYBIND11_MODULE(_C, m) {
              schedule.best_metric = policies.value("best_metric", std::string());
              const std::string mode = policies.value("best_mode", std::string("min"));
              if (mode != "min" && mode != "max") {
-               throw tsnap::Error(tsnap::ErrorCode::kInvalidArgument,
+               tsnap::throw_error(tsnap::ErrorCode::kInvalidArgument,
                                   "best_mode must be 'min' or 'max', not '" + mode + "'");
              }
              schedule.best_mode = mode == "max" ? tsnap::ScheduleOptions::Mode::kMax

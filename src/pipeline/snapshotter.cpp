@@ -366,8 +366,7 @@ void Snapshotter::abandon(const std::string& name, const std::string& reason) no
   try {
     const std::string id = coord->save_id(name);
     pipeline::report_no_part(
-        *coord, id, name,
-        std::make_exception_ptr(Error(ErrorCode::kCancelled, "the save was abandoned: " + reason)));
+        *coord, id, name, make_error(ErrorCode::kCancelled, "the save was abandoned: " + reason));
   } catch (...) {
     // The store is gone: the other ranks fail on it too.
   }

@@ -9,7 +9,6 @@
 #include <string>
 #include <vector>
 
-#include "common/check.h"
 #include "common/sys_error.h"
 
 namespace tsnap {
@@ -80,18 +79,6 @@ TEST(ErrorModel, ErrnoConversionNamesTheCallAndSeparatesAFullDisk) {
     EXPECT_NE(std::string(e.what()).find("write shard at offset 4096"), std::string::npos);
   }
   EXPECT_EQ(thrown_class(detail::sys_error(-EIO, "fsync")), ErrorClass::kIoError);
-}
-
-TEST(ErrorModel, CheckThrowsOnlyWhenTheConditionFailsAndEvaluatesTheMessageLazily) {
-  int built = 0;
-  const auto message = [&] {
-    ++built;
-    return std::string("bad");
-  };
-  EXPECT_NO_THROW(TSNAP_CHECK(1 + 1 == 2, ErrorCode::kInvalidArgument, message()));
-  EXPECT_EQ(built, 0);
-  EXPECT_THROW(TSNAP_CHECK(false, ErrorCode::kShapeMismatch, message()), InvalidArgument);
-  EXPECT_EQ(built, 1);
 }
 
 }  // namespace
