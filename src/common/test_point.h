@@ -6,6 +6,12 @@
 //   "remove_tree"  before each file or directory remove_tree deletes: the removal of a stale
 //                  temporary at start-up, of a snapshot expired by retention, of an overwritten
 //                  snapshot, of a failed save's temporary directory.
+//   "reuse_linked" after an incremental save hard-linked one of its shard files to the base
+//                  snapshot's file (a file whose every chunk was unchanged), before the save
+//                  commits (pipeline/reuse.cpp).
+//   "reuse_copied" after the kernel copied a base file's unchanged byte ranges into one of the
+//                  save's shard files (a partly changed file, or a whole file where the link
+//                  was refused), before that file is fsynced.
 // Without a callback a point costs one relaxed atomic load.
 // Thread-safety: points may be passed on any thread; the callback is called on that thread and
 // must be thread-safe. Setting it is not synchronised with points in flight: set it before the
