@@ -16,7 +16,10 @@
 
 namespace tsnap {
 
-/// Options of export_hf. `{.object = "model", .dtype = at::kBFloat16}`.
+/// Options of export_hf. In C++17:
+/// `tsnap::HfExportOptions o; o.object = "model"; o.dtype = at::kBFloat16;`. Designated
+/// initialisers need C++20 (or GCC's and Clang's extension in C++17, which -pedantic warns
+/// about): `{.object = "model", .dtype = at::kBFloat16}`.
 struct TSNAP_API HfExportOptions {
   /// Export only the keys of this checkpoint object: snapshot key "model/fc1.weight" is written
   /// as "fc1.weight" (LoadOptions::key_prefix with "<object>/"). Empty: every key, unchanged.

@@ -5,7 +5,10 @@
 /// `tsnap::load_checkpoint` (tsnap/checkpoint.h) read without touching the disk: roll training
 /// back a few steps after a NaN loss or a caught exception while the process is alive.
 /// ```
-/// tsnap::Snapshotter snap({.root = "ckpt", .keep_hot = true});
+/// tsnap::SnapshotterOptions options;
+/// options.root = "ckpt";
+/// options.keep_hot = true;
+/// tsnap::Snapshotter snap(options);
 /// ...
 /// if (!std::isfinite(loss.item<double>())) {
 ///   if (tsnap::HotSnapshot hot = snap.hot_snapshot()) {

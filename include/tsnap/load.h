@@ -26,7 +26,9 @@ namespace tsnap {
 
 class HotSnapshot;
 
-/// Options of a load. Designated initialisers read well: `{.include = {"model.*"}}`.
+/// Options of a load. In C++17: `tsnap::LoadOptions o; o.include = {"model.*"};`. Designated
+/// initialisers need C++20 (or GCC's and Clang's extension in C++17, which -pedantic warns
+/// about): `{.include = {"model.*"}}`.
 struct TSNAP_API LoadOptions {
   bool verify = true;                ///< Check every chunk's XXH3-64 (on by default).
   std::vector<std::string> include;  ///< Glob patterns of keys to load (empty = all).

@@ -35,8 +35,10 @@ struct TSNAP_API ShardOptions {
   int64_t dim = 0;
 };
 
-/// Options of `model_state`. Designated initialisers read well:
-/// `{.dtype = at::kBFloat16, .exclude = {"*.bias"}}`.
+/// Options of `model_state`. In C++17:
+/// `tsnap::ModelStateOptions o; o.dtype = at::kBFloat16; o.exclude = {"*.bias"};`. Designated
+/// initialisers need C++20 (or GCC's and Clang's extension in C++17, which -pedantic warns
+/// about): `{.dtype = at::kBFloat16, .exclude = {"*.bias"}}`.
 struct TSNAP_API ModelStateOptions {
   /// Store floating tensors as this dtype (kFloat, kHalf, kBFloat16 or kDouble), recorded in each
   /// entry's `StateEntry::dtype`; integer and bool tensors (e.g. BatchNorm's

@@ -4,9 +4,15 @@
 /// `Schedule` (every N steps, every T seconds, on preemption signals), applies retention, and
 /// resumes from the newest valid snapshot.
 /// ```
-/// tsnap::Snapshotter snap({.root = "runs/exp1"});
-/// tsnap::Schedule every({.every_steps = 500, .every_seconds = 600,
-///                        .on_signals = {SIGTERM, SIGUSR1}, .keep_last = 3});
+/// tsnap::SnapshotterOptions options;
+/// options.root = "runs/exp1";
+/// tsnap::Snapshotter snap(options);
+/// tsnap::ScheduleOptions when;
+/// when.every_steps = 500;
+/// when.every_seconds = 600;
+/// when.on_signals = {SIGTERM, SIGUSR1};
+/// when.keep_last = 3;
+/// tsnap::Schedule every(when);
 /// tsnap::PeriodicSnapshots hook(snap, every, [&] {
 ///   return tsnap::Checkpoint::of({{"model", model}, {"optim", tsnap::bind(opt, model)},
 ///                                 {"rng", tsnap::rng_state()}});
@@ -87,8 +93,10 @@ struct TSNAP_API PeriodicStats {
   uint64_t bytes() const;  ///< Total bytes written by committed snapshots.
 };
 
-/// Options of a PeriodicSnapshots hook. Designated initialisers read well:
-/// `{.save = {.dtype = at::kBFloat16}, .when_busy = tsnap::WhenBusy::kWait}`.
+/// Options of a PeriodicSnapshots hook. In C++17:
+/// `tsnap::PeriodicOptions o; o.save.dtype = at::kBFloat16; o.when_busy = WhenBusy::kWait;`.
+/// Designated initialisers need C++20 (or GCC's and Clang's extension in C++17, which
+/// -pedantic warns about): `{.save = {.dtype = at::kBFloat16}, .when_busy = WhenBusy::kWait}`.
 struct TSNAP_API PeriodicOptions {
   /// Options of each save. `overwrite` is always on: a snapshot left by an abandoned run at the
   /// same step (e.g. one that was corrupt, so `resume` went back further) is replaced atomically.

@@ -2,9 +2,11 @@
 /// \file
 /// `tsnap::Progress`: how far a long save or load has come, for a progress bar or a log.
 /// ```
-/// snap.save_async("step-100", state, {}, {.progress = [](const tsnap::Progress& p) {
+/// tsnap::SaveOptions options;
+/// options.progress = [](const tsnap::Progress& p) {
 ///   std::fprintf(stderr, "\r%.0f%% written", 100.0 * p.done_bytes / p.total_bytes);
-/// }});
+/// };
+/// snap.save_async("step-100", state, {}, options);
 /// ```
 
 #include <cstdint>

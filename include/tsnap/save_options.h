@@ -30,7 +30,9 @@ struct TSNAP_API DtypeRule {
   std::optional<at::ScalarType> dtype;
 };
 
-/// Options of one save. Designated initialisers read well: `{.dtype = at::kBFloat16}`.
+/// Options of one save. In C++17: `tsnap::SaveOptions o; o.dtype = at::kBFloat16;`. Designated
+/// initialisers need C++20 (or GCC's and Clang's extension in C++17, which -pedantic warns
+/// about): `{.dtype = at::kBFloat16}`.
 ///
 /// The precision rule: conversion (`dtype`, `dtype_rules`) applies to what training means by
 /// weights and moments: floating tensors with at least one dimension. Counters and scalars keep
@@ -44,7 +46,7 @@ struct TSNAP_API SaveOptions {
   /// keeps every dtype.
   std::optional<at::ScalarType> dtype;
   /// Per-key refinements of `dtype`, the first matching rule wins:
-  /// `{.dtype = at::kBFloat16, .dtype_rules = {{"*/exp_avg_sq", at::kFloat}}}` keeps Adam's
+  /// `o.dtype = at::kBFloat16; o.dtype_rules = {{"*/exp_avg_sq", at::kFloat}};` keeps Adam's
   /// second moments in fp32. Keys are matched as they are saved (`optim/fc1.weight/exp_avg_sq`
   /// in a Checkpoint). The precision rule holds for them too. Errors (at save_async):
   /// InvalidArgument for a malformed pattern or a non-floating dtype.

@@ -16,9 +16,18 @@
 
 namespace tsnap {
 
-/// What a Schedule holds. Designated initialisers read well:
-/// `{.every_steps = 500, .every_seconds = 600, .on_signals = {SIGTERM, SIGUSR1}, .keep_last = 3,
-///   .keep_every_steps = 10000}`.
+/// What a Schedule holds. In C++17:
+/// ```
+/// tsnap::ScheduleOptions o;
+/// o.every_steps = 500;
+/// o.every_seconds = 600;
+/// o.on_signals = {SIGTERM, SIGUSR1};
+/// o.keep_last = 3;
+/// o.keep_every_steps = 10000;
+/// ```
+/// Designated initialisers need C++20 (or GCC's and Clang's extension in C++17, which
+/// -pedantic warns about): `{.every_steps = 500, .every_seconds = 600, .on_signals = {SIGTERM,
+/// SIGUSR1}, .keep_last = 3, .keep_every_steps = 10000}`.
 /// Steps count completed training steps: step 500 is the state after 500 optimizer steps.
 struct TSNAP_API ScheduleOptions {
   /// Snapshot after every step that is a multiple of this; 0 = never by step count.
