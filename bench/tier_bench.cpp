@@ -1,4 +1,4 @@
-// The durable tier's benchmark (issue 17, item 3): saving one state (a) directly to a slow
+// The durable tier's benchmark: saving one state (a) directly to a slow
 // directory and (b) to a fast local directory with the drain to the slow one
 // (SnapshotterOptions::durable_root). For each, per repetition:
 //   stall    how long save_async blocked the caller;
@@ -15,10 +15,10 @@
 
 #include <ATen/ATen.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -46,27 +46,20 @@ void print(const char* what, std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app{"The durable tier against saving to a slow directory directly"};
   fs::path local, slow;
   int mib = 1024, reps = 3;
   uint64_t budget_mib = 0;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i], v = argv[i + 1];
-    if (a == "--local") local = v;
-    else if (a == "--slow") slow = v;
-    else if (a == "--mib") mib = std::atoi(v.c_str());
-    else if (a == "--reps") reps = std::atoi(v.c_str());
-    else if (a == "--budget-mib") budget_mib = std::strtoull(v.c_str(), nullptr, 10);
-    else {
-      std::fprintf(stderr, "unknown option %s\n", a.c_str());
-      return 2;
-    }
-  }
-  if (local.empty() || slow.empty()) {
-    std::fprintf(stderr,
-                 "usage: tsnap_bench_tier --local DIR --slow DIR [--mib 1024] [--reps 3] "
-                 "[--budget-mib 0 (automatic)]\n");
-    return 2;
-  }
+  app.option_defaults()->always_capture_default();
+  app.add_option("--local", local, "Fast local directory: the tier's root")->required();
+  app.add_option("--slow", slow, "Slow directory: the direct saves and the durable root")
+      ->required();
+  app.add_option("--mib", mib, "State size in MiB (fp32 tensors of 64 MiB)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--reps", reps, "Measured saves per mode, after a warm-up save")
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--budget-mib", budget_mib, "Staging budget in MiB (0: automatic)");
+  CLI11_PARSE(app, argc, argv);
   tsnap::StateDict state;
   const int tensors = std::max(1, mib / 64);
   for (int i = 0; i < tensors; ++i) {
