@@ -17,6 +17,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/hidden.h"
 #include "common/sys_error.h"
 #include "dist/coordinator.h"
 #include "format/layout.h"
@@ -247,7 +248,7 @@ int env_int(const char* name, int lo, int hi) {
 
 }  // namespace
 
-struct DistGroup::Impl {
+struct TSNAP_HIDDEN DistGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
 };
 

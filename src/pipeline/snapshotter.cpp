@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "common/hidden.h"
 #include "common/owner_process.h"
 #include "common/sys_error.h"
 #include "dist/coordinator.h"
@@ -50,7 +51,7 @@ namespace tsnap {
 
 namespace fs = std::filesystem;
 
-struct Snapshotter::Impl {
+struct TSNAP_HIDDEN Snapshotter::Impl {
   std::optional<pipeline::RootLock> root_lock;  // first member: released after everything else
   detail::OwnerProcess owner;  // a forked child cannot use it (common/owner_process.h)
   pipeline::Resources res;

@@ -22,6 +22,7 @@
 #include <optional>
 #include <thread>
 
+#include "common/hidden.h"
 #include "common/owner_process.h"
 #include "common/sys_error.h"
 #include "dist/coordinator.h"
@@ -70,7 +71,7 @@ void PeriodicOptions::log_to_stderr(const std::string& line) {
   std::fprintf(stderr, "%s\n", line.c_str());
 }
 
-struct PeriodicSnapshots::Impl {
+struct TSNAP_HIDDEN PeriodicSnapshots::Impl {
   Impl(Snapshotter& snapshotter, Schedule schedule, MakeCheckpoint make, PeriodicOptions options);
   ~Impl();
 

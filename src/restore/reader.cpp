@@ -14,6 +14,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "common/hidden.h"
 #include "common/sys_error.h"
 #include "format/manifest_io.h"
 #include "restore/read_plan.h"
@@ -38,7 +39,7 @@ struct Mapping {
 
 }  // namespace
 
-struct SnapshotReader::Impl {
+struct TSNAP_HIDDEN SnapshotReader::Impl {
   format::SnapshotDir dir;  // its own descriptor of the directory opened
   OpenOptions options;
   Manifest manifest;

@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "common/hidden.h"
 #include "plan/plan.h"
 #include "stage/staging_pool.h"
 #include "tsnap/hot_snapshot.h"
@@ -121,7 +122,7 @@ class HotImages {
 namespace tsnap {
 
 /// What a public handle refers to.
-struct HotSnapshot::Impl {
+struct TSNAP_HIDDEN HotSnapshot::Impl {
   std::string name;
   std::filesystem::path path;
   std::shared_ptr<const Manifest> manifest;
