@@ -5,7 +5,10 @@
 // partial snapshot ever listed; retention in the store; the public calls on s3:// paths.
 
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +16,8 @@
 #include <array>
 #include <cstdio>
 #include <chrono>
+#include <mutex>
+#include <set>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -187,6 +192,133 @@ TEST_F(S3Tier, RefusedCredentialsFailTheDrainNotTheTrainingAndLoseNothing) {
   Snapshotter snap(options(local.path(), durable));  // the next process drains it
   snap.drain_wait();
   EXPECT_TRUE(snap.drained("s"));
+  expect_same(load(durable + "/s"), sd);
+}
+
+// A TCP proxy on 127.0.0.1 in front of the test server that can be taken down (the listener
+// closed, open connections cut) and brought back on the same port: the store stopping and
+// restarting, as the client sees it, without losing what the store holds.
+class Proxy {
+ public:
+  explicit Proxy(int target) : target_(target) { up(); }
+  ~Proxy() {
+    down();
+    for (std::thread& t : pumps_) t.join();
+  }
+  int port() const { return port_; }
+  void up() {
+    listener_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    const int one = 1;
+    ::setsockopt(listener_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in a = address(port_);
+    if (::bind(listener_, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) std::abort();
+    socklen_t len = sizeof a;
+    ::getsockname(listener_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    ::listen(listener_, 64);
+    running_ = true;
+    acceptor_ = std::thread([this] { accept_loop(); });
+  }
+  void down() {
+    if (!running_) return;
+    running_ = false;
+    ::shutdown(listener_, SHUT_RDWR);
+    acceptor_.join();
+    ::close(listener_);
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int fd : open_) ::shutdown(fd, SHUT_RDWR);
+  }
+
+ private:
+  static sockaddr_in address(int port) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    return a;
+  }
+  void accept_loop() {
+    for (;;) {
+      const int client = ::accept(listener_, nullptr, nullptr);
+      if (client < 0) return;  // shut down
+      const int server = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a = address(target_);
+      if (::connect(server, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+        ::close(client);
+        ::close(server);
+        continue;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      open_.insert(client);
+      open_.insert(server);
+      pumps_.emplace_back([this, client, server] { pump(client, server); });
+    }
+  }
+  void pump(int a, int b) {
+    char buf[1 << 16];
+    pollfd fds[2] = {{a, POLLIN, 0}, {b, POLLIN, 0}};
+    for (bool open = true; open;) {
+      if (::poll(fds, 2, 1000) < 0) break;
+      for (int i = 0; i < 2 && open; ++i) {
+        if (fds[i].revents == 0) continue;
+        const ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
+        open = n > 0 && ::write(fds[1 - i].fd, buf, static_cast<size_t>(n)) == n;
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    open_.erase(a);
+    open_.erase(b);
+    ::close(a);
+    ::close(b);
+  }
+
+  const int target_;
+  int port_ = 0;
+  int listener_ = -1;
+  std::atomic<bool> running_{false};
+  std::thread acceptor_;
+  std::mutex mu_;
+  std::set<int> open_;
+  std::vector<std::thread> pumps_;
+};
+
+// The store stops in the middle of a drain and comes back: the drain fails (drain_wait throws),
+// training is not held up, and the next pass of the same Snapshotter resumes the upload.
+TEST_F(S3Tier, TheStoreStoppingMidDrainAndRestartingLosesNothing) {
+  const int target = std::stoi(config_.endpoint.substr(config_.endpoint.rfind(':') + 1));
+  Proxy proxy(target);
+  ::setenv("AWS_ENDPOINT_URL_S3", ("http://127.0.0.1:" + std::to_string(proxy.port())).c_str(), 1);
+  TempDir local;
+  const std::string durable = url("restart");
+  StateDict sd;
+  sd.insert("big", make_tensor(at::kFloat, {10 << 20}, 11));  // 40 MiB: 5 parts of 8 MiB
+  SnapshotterOptions o = options(local.path(), durable);
+  o.drain_bytes_per_second = 8 << 20;
+  Snapshotter snap(o);
+  uint64_t resumed = 0;
+  snap.add_drain_listener([&](const DrainRecord& r) { resumed += r.resumed_bytes; });
+  snap.save_async("s", sd).wait();
+  io::S3Client direct(config_);
+  bool parts_seen = false;
+  for (int i = 0; i < 600 && !parts_seen; ++i) {
+    for (const io::S3Upload& u : direct.list_multipart_uploads(bucket_, "restart/")) {
+      if (!direct.list_parts(bucket_, u.key, u.upload_id).empty()) parts_seen = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(parts_seen);
+  proxy.down();  // the store stops
+  const auto t0 = std::chrono::steady_clock::now();
+  SaveHandle during = snap.save_async("t", sd);  // training goes on meanwhile
+  during.wait();
+  EXPECT_LT(during.stats().stall_s, 5.0);
+  EXPECT_THROW(snap.drain_wait(), IoError);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60));
+  proxy.up();  // and comes back on the same port
+  snap.drain_wait();
+  EXPECT_TRUE(snap.drained("s"));
+  EXPECT_TRUE(snap.drained("t"));
+  EXPECT_GE(resumed, 8u << 20);
   expect_same(load(durable + "/s"), sd);
 }
 
