@@ -184,22 +184,12 @@ void run_rank() {
     std::string text = save_chain(snap, rank, world, 3, &last);
     if (text.empty()) text = "ok " + std::to_string(last.stats().linked_bytes);
     report(out, text);
-  } else if (scenario == "tier") {
-    // Two tiers across ranks: rank 0 drains the shared snapshots to the durable root.
-    o.incremental = true;
-    o.durable_root = root.parent_path() / "durable";
-    o.local_keep_last = 0;
-    Snapshotter snap(o);
-    SaveHandle last;
-    std::string text = save_chain(snap, rank, world, 2, &last);
-    if (text.empty()) {
-      snap.drain_wait();
-      text = "ok " + std::to_string(snap.drain_stats().drained);
-    }
-    report(out, text);
-  } else if (scenario == "s3tier") {
-    // Object storage as the durable tier across ranks: rank 0 uploads every rank's files.
-    o.durable_root = std::getenv("TSNAP_TEST_S3_DURABLE");
+  } else if (scenario == "tier" || scenario == "s3tier") {
+    // Two tiers across ranks: rank 0 drains the shared snapshots to the durable root (a
+    // directory, incremental saves; or object storage, where every rank's files are uploaded).
+    o.incremental = scenario == "tier";
+    o.durable_root = scenario == "tier" ? (root.parent_path() / "durable").string()
+                                        : std::string(std::getenv("TSNAP_TEST_S3_DURABLE"));
     o.local_keep_last = 0;
     Snapshotter snap(o);
     SaveHandle last;
