@@ -68,7 +68,8 @@ PUBLIC = {
     "progress.h": "common",
     # io/: the engine kinds and in-flight policies that io/engine_host.h selects by.
     "engine_kind.h": "io",
-    # format/: manifest.cpp, manifest_io.cpp (read_manifest, the records); catalog.cpp.
+    # format/: manifest.cpp, manifest_parse.cpp, manifest_write.cpp (read_manifest, the
+    # records); catalog.cpp.
     "manifest.h": "format",
     "catalog.h": "format",
     # plan/: SaveOptions, DtypeRule, Staging are read first by plan::make_plan.
