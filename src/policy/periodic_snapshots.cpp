@@ -1,22 +1,15 @@
 #include "tsnap/periodic_snapshots.h"
 
-#include <signal.h>
-
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <chrono>
 #include <condition_variable>
-#include <cmath>
 #include <cstdio>
-#include <deque>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <mutex>
 #include <optional>
@@ -27,8 +20,9 @@
 #include "common/sys_error.h"
 #include "dist/coordinator.h"
 #include "format/layout.h"
-#include "pipeline/rank_report.h"
+#include "policy/rank_triggers.h"
 #include "policy/retention.h"
+#include "policy/signal_chain.h"
 #include "policy/summary.h"
 #include "tsnap/catalog.h"
 #include "tsnap/checkpoint.h"
@@ -77,7 +71,6 @@ struct TSNAP_HIDDEN PeriodicSnapshots::Impl {
 
   // Training thread.
   void after_step_distributed(int64_t step);
-  int64_t propose(int64_t step, SnapshotReason reason, int sig);
   bool continuous_due() const;
   void start_save(int64_t step, SnapshotReason reason, Clock::time_point began);
   void final_snapshot(int64_t step, int sig, Clock::time_point began);
@@ -88,10 +81,6 @@ struct TSNAP_HIDDEN PeriodicSnapshots::Impl {
 
   // Hook thread: timers, signals and (in a group) the trigger polls, none of which blocks.
   void arm_timer(uint64_t epoch);
-  void poll_triggers();
-  void wait_for_signal();
-  void chain(int sig);
-  void restore_signals();
   // Sizes and faults in the Snapshotter's staging pool for this hook's checkpoint
   // (Snapshotter::prepare), once: at the first after_step.
   void prepare();
@@ -113,9 +102,7 @@ struct TSNAP_HIDDEN PeriodicSnapshots::Impl {
   asio::io_context io;
   asio::executor_work_guard<asio::io_context::executor_type> work{io.get_executor()};
   asio::steady_timer timer{io};
-  asio::signal_set signals{io};
-  std::map<int, struct sigaction> previous;  // dispositions before the hook: chained, restored
-  std::map<int, bool> chained;               // whether `previous` is a handler to call
+  policy::SignalChain signals{io};
   std::thread thread;
   asio::thread_pool completions{1};  // on_completed, in completion order
   std::mutex post_mu;                // held while a completion is posted to `completions`
@@ -133,31 +120,14 @@ struct TSNAP_HIDDEN PeriodicSnapshots::Impl {
   int64_t proposal_pending_until = 0;           // distributed rank 0: a continuous trigger's step
 
   // Distributed hooks (the Snapshotter has a DistGroup): a snapshot due by time (rank 0's
-  // timer) or by a signal (on any rank) is posted to the group as a trigger for a step a little
-  // ahead (kLeadSeconds of training at the proposer's pace); every rank's hook thread polls the
-  // triggers and every rank saves at that step. Steps-based snapshots need no agreement.
-  struct Trigger {
-    int64_t step;
-    SnapshotReason reason;
-    int sig;
-  };
-  static constexpr double kLeadSeconds = 0.5;
-  static constexpr int64_t kMinLeadSteps = 3;
+  // timer) or by a signal (on any rank) is agreed on through the group's store as a trigger for
+  // a step a little ahead (policy/rank_triggers.h), and every rank saves at that step.
+  // Steps-based snapshots need no agreement.
   dist::Coordinator* coord = nullptr;
-  asio::steady_timer poll_timer{io};
-  int64_t next_trigger = 0;  // hook thread
-  // Set when the group's store cannot be reached (the rank hosting it has ended): this rank's
-  // hook takes no more snapshots and makes no more store calls. Logged once.
-  std::atomic<bool> group_ended{false};
-  void end_group(const std::string& why);
-  std::deque<Trigger> agreed;  // guarded by mu; ascending steps
-  // Training thread: the training's own time per step (between after_step calls, without the
-  // hook's), over the last kStepWindow steps; a trigger's lead counts the fastest of them.
-  static constexpr size_t kStepWindow = 16;
+  std::optional<policy::RankTriggers> triggers;
+  // Training thread: when after_step last returned, where the training's own time of a step
+  // (without the hook's) starts.
   Clock::time_point last_after_step{};
-  std::array<double, kStepWindow> step_times{};
-  size_t steps_timed = 0;
-  double fastest_step_s() const;
 
   mutable std::mutex mu;
   std::condition_variable cv;
@@ -193,45 +163,27 @@ PeriodicSnapshots::Impl::Impl(Snapshotter& snap, Schedule sched, MakeCheckpoint 
     throw_error(ErrorCode::kInvalidArgument, "PeriodicSnapshots: make_checkpoint is null");
   }
   try {
-    for (int sig : schedule.options().on_signals) {
-      struct sigaction before {};
-      ::sigaction(sig, nullptr, &before);
-      boost::system::error_code ec;
-      signals.add(sig, ec);
-      if (ec) {
-        throw_error(ErrorCode::kIo,
-                    "cannot handle signal " + std::to_string(sig) + ": " + ec.message(),
-                    ec.value());
-      }
-      previous[sig] = before;
-      struct sigaction now {};
-      ::sigaction(sig, nullptr, &now);
-      // Asio's own handler (another signal_set already had the signal) is not chained: it
-      // would deliver the signal to this set a second time.
-      const bool is_function = (before.sa_flags & SA_SIGINFO)
-                                   ? before.sa_sigaction != nullptr
-                                   : before.sa_handler != SIG_DFL && before.sa_handler != SIG_IGN;
-      chained[sig] = is_function && before.sa_handler != now.sa_handler;
-      // Asio installs its handler without SA_RESTART; with it, blocking system calls of the
-      // training threads resume after the signal instead of failing with EINTR.
-      if (!(now.sa_flags & SA_RESTART)) {
-        now.sa_flags |= SA_RESTART;
-        ::sigaction(sig, &now, nullptr);
-      }
+    signals.install(schedule.options().on_signals);
+    if (const auto& group = snapshotter.group()) {
+      coord = group->coordinator().get();
+      triggers.emplace(*coord, io, [this](const std::string& line) { log(line); });
     }
-    if (const auto& group = snapshotter.group()) coord = group->coordinator().get();
-    if (!schedule.options().on_signals.empty()) wait_for_signal();
+    if (!schedule.options().on_signals.empty()) {
+      signals.start([this](int sig) {
+        int none = 0;
+        signal_pending.compare_exchange_strong(none, sig);
+      });
+    }
     // In a group, rank 0's clock decides time-based snapshots for all.
     if (schedule.options().every_seconds > 0 && (!coord || coord->rank() == 0)) arm_timer(0);
-    if (coord) poll_triggers();
+    if (triggers) triggers->start_polling();
     thread = std::thread([this] { io.run(); });
     if (!snapshotter.durable_root().empty()) {
       drain_listener =
           snapshotter.add_drain_listener([this](const DrainRecord& r) { on_drained(r); });
     }
   } catch (...) {
-    signals.clear();
-    restore_signals();
+    signals.close();
     throw;
   }
 }
@@ -244,10 +196,8 @@ PeriodicSnapshots::Impl::~Impl() {
   completions.join();
   asio::post(io, [this] {
     timer.cancel();
-    poll_timer.cancel();
-    signals.cancel();
-    signals.clear();    // Asio resets each signal to SIG_DFL ...
-    restore_signals();  // ... and the previous disposition comes back at once
+    if (triggers) triggers->cancel();
+    signals.close();  // the previous dispositions come back
   });
   work.reset();
   thread.join();
@@ -282,81 +232,11 @@ void PeriodicSnapshots::Impl::arm_timer(uint64_t epoch) {
   });
 }
 
-void PeriodicSnapshots::Impl::poll_triggers() {
-  try {
-    for (;;) {
-      const std::string text = coord->poll_trigger(next_trigger);
-      if (text.empty()) break;
-      ++next_trigger;
-      const nlohmann::json j = nlohmann::json::parse(text);
-      const std::string reason = j.at("reason").get<std::string>();
-      const Trigger t{j.at("step").get<int64_t>(),
-                      reason == "signal"       ? SnapshotReason::kSignal
-                      : reason == "continuous" ? SnapshotReason::kContinuous
-                                               : SnapshotReason::kTime,
-                      j.value("signal", 0)};
-      // Kept in step order: triggers come in posting order, but each proposer picks its own
-      // lead, so a later trigger can be due earlier.
-      std::lock_guard<std::mutex> lock(mu);
-      agreed.insert(std::upper_bound(agreed.begin(), agreed.end(), t,
-                                     [](const Trigger& a, const Trigger& b) { return a.step < b.step; }),
-                    t);
-    }
-  } catch (const std::exception& e) {
-    end_group(e.what());
-    return;  // no more polls: the group has ended
-  }
-  poll_timer.expires_after(std::chrono::milliseconds(50));
-  poll_timer.async_wait([this](const boost::system::error_code& ec) {
-    if (!ec) poll_triggers();
-  });
-}
-
-void PeriodicSnapshots::Impl::end_group(const std::string& why) {
-  if (group_ended.exchange(true)) return;
-  log("tsnap: the group's store cannot be reached (the rank that hosts it, usually rank 0, has "
-      "ended?): this rank's periodic snapshots stop: " + detail::first_line(why));
-}
-
 void PeriodicSnapshots::Impl::restart_timer() {
   if (schedule.options().every_seconds <= 0) return;
   time_due.store(false);
   const uint64_t epoch = ++timer_epoch;
   asio::post(io, [this, epoch] { arm_timer(epoch); });
-}
-
-void PeriodicSnapshots::Impl::wait_for_signal() {
-  signals.async_wait([this](const boost::system::error_code& ec, int sig) {
-    if (ec) return;  // cancelled: the hook is shutting down
-    // The previous handler first: by the time the training thread acts on the signal (and
-    // may stop), it has run.
-    chain(sig);
-    int none = 0;
-    signal_pending.compare_exchange_strong(none, sig);
-    wait_for_signal();
-  });
-}
-
-void PeriodicSnapshots::Impl::chain(int sig) {
-  struct sigaction& before = previous[sig];
-  if (!chained[sig]) return;
-  if (before.sa_flags & SA_SIGINFO) {
-    siginfo_t info{};
-    info.si_signo = sig;
-    info.si_code = SI_USER;
-    before.sa_sigaction(sig, &info, nullptr);
-  } else {
-    before.sa_handler(sig);
-  }
-  if (before.sa_flags & SA_RESETHAND) {  // a one-shot handler: the default comes back after it
-    before.sa_handler = SIG_DFL;
-    before.sa_flags = 0;
-    chained[sig] = false;
-  }
-}
-
-void PeriodicSnapshots::Impl::restore_signals() {
-  for (const auto& [sig, action] : previous) ::sigaction(sig, &action, nullptr);
 }
 
 void PeriodicSnapshots::Impl::start_save(int64_t step, SnapshotReason reason,
@@ -487,80 +367,30 @@ bool PeriodicSnapshots::Impl::continuous_due() const {
   return seconds_since(last_began) >= *interval;
 }
 
-double PeriodicSnapshots::Impl::fastest_step_s() const {
-  const size_t n = std::min(steps_timed, kStepWindow);
-  if (n == 0) return 0;
-  return *std::min_element(step_times.begin(), step_times.begin() + static_cast<ptrdiff_t>(n));
-}
-
-int64_t PeriodicSnapshots::Impl::propose(int64_t step, SnapshotReason reason, int sig) {
-  // The other ranks must see the trigger (their hook threads poll every 50 ms) before they pass
-  // its step, or their training collectives would wait for ranks that stopped. Counting the
-  // fastest recent step, not an average, keeps the lead at least kLeadSeconds when steps speed
-  // up after slow ones (a step that waited for a save).
-  const double fastest = fastest_step_s();
-  const int64_t lead = std::clamp<int64_t>(
-      fastest > 0 ? static_cast<int64_t>(std::ceil(kLeadSeconds / fastest)) : kMinLeadSteps,
-      kMinLeadSteps, 10000);
-  const nlohmann::json t = {{"step", step + lead},
-                            {"reason", to_string(reason)},
-                            {"signal", sig},
-                            {"rank", coord->rank()}};
-  try {
-    coord->post_trigger(t.dump());
-  } catch (const std::exception& e) {
-    end_group(e.what());
-  }
-  return step + lead;
-}
-
 void PeriodicSnapshots::Impl::after_step_distributed(int64_t step) {
-  if (group_ended.load()) return;  // logged once; nothing can be agreed any more
+  if (triggers->ended()) return;  // logged once; nothing can be agreed any more
   const Clock::time_point now = Clock::now();
   if (last_after_step != Clock::time_point{}) {
-    step_times[steps_timed++ % kStepWindow] =
-        std::chrono::duration<double>(now - last_after_step).count();
+    triggers->add_step_time(std::chrono::duration<double>(now - last_after_step).count());
   }
   if (const int sig = signal_pending.exchange(0); sig != 0) {
-    propose(step, SnapshotReason::kSignal, sig);
+    triggers->propose(step, SnapshotReason::kSignal, sig);
   }
   if (time_due.exchange(false)) {
-    propose(step, SnapshotReason::kTime, 0);
+    triggers->propose(step, SnapshotReason::kTime, 0);
     restart_timer();
   }
   // Continuous and adaptive snapshots: rank 0 decides (whether the previous save is done
   // differs between ranks) and proposes one at a time.
   if (coord->rank() == 0 && step > proposal_pending_until && continuous_due()) {
-    proposal_pending_until = propose(step, SnapshotReason::kContinuous, 0);
+    proposal_pending_until = triggers->propose(step, SnapshotReason::kContinuous, 0);
   }
-  std::optional<Trigger> due;
-  std::vector<Trigger> missed;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    while (!agreed.empty() && agreed.front().step <= step) {
-      const Trigger t = agreed.front();
-      agreed.pop_front();
-      if (t.step < step) {
-        missed.push_back(t);
-      } else if (!due || t.reason == SnapshotReason::kSignal) {
-        due = t;
-      }
-    }
-  }
-  for (const Trigger& t : missed) {
-    const std::string what = "rank " + std::to_string(coord->rank()) + " learned of the " +
-                             to_string(t.reason) + " snapshot at step " + std::to_string(t.step) +
-                             " only at step " + std::to_string(step);
-    log("tsnap: " + what + ": it fails on every rank");
-    // Report this save failed, so that the others fail now, not on the group's timeout.
-    const std::string name = format::step_name(t.step);
-    pipeline::report_no_part(*coord, coord->save_id(name), name,
-                             make_error(ErrorCode::kPeerFailed, what));
-  }
+  // Triggers of steps already passed are reported failed to the group by take().
+  const auto [due, missed] = triggers->take(step);
   // A signal's trigger learned too late (training without collectives in lockstep, or a hook
   // thread starved for longer than the lead) still stops this rank, as it stopped the others;
   // its final snapshot failed on every rank, so this throws like a failed final snapshot.
-  for (const Trigger& t : missed) {
+  for (const policy::Trigger& t : missed) {
     if (t.reason != SnapshotReason::kSignal) continue;
     if (current.valid()) wait_quietly(current);
     wait_processed();
