@@ -40,7 +40,8 @@ int64_t now_ns() {
 
 SaveJob::SaveJob(Resources& res, plan::Plan plan, CommitPaths paths, nlohmann::json metadata,
                  bool overwrite, std::shared_ptr<dist::Coordinator> coordinator,
-                 Clock::time_point started, std::function<void(bool)> release_slot,
+                 Clock::time_point started,
+                 std::function<void(bool, std::set<std::string>)> release_slot,
                  std::function<void()> on_completed, ProgressFn progress)
     : res_(res),
       plan_(std::move(plan)),
@@ -317,9 +318,32 @@ void SaveJob::finish() {
   for (plan::PlannedFile& file : plan_.files) {
     for (plan::PlannedTensor& t : file.tensors) t.source = at::Tensor();
   }
-  if (release_slot_) release_slot_(!error);
+  if (release_slot_) release_slot_(!error, error ? std::set<std::string>() : unchanged_keys());
   state_->complete(error);
   if (on_completed_) on_completed_();
+}
+
+std::set<std::string> SaveJob::unchanged_keys() const {
+  std::set<std::string> keys;
+  for (size_t f = 0; f < plan_.files.size(); ++f) {
+    const plan::PlannedFile& file = plan_.files[f];
+    if (!base_files_[f]) {
+      if (file.stable) {
+        for (const plan::PlannedTensor& t : file.tensors) keys.insert(t.name);
+      }
+      continue;
+    }
+    for (const plan::PlannedTensor& t : file.tensors) {
+      bool equal = true;
+      for (uint64_t c = t.begin / file.chunk_bytes; equal && t.end > t.begin &&
+                                                    c <= (t.end - 1) / file.chunk_bytes;
+           ++c) {
+        equal = skipped_[f][c] != 0;
+      }
+      if (equal) keys.insert(t.name);
+    }
+  }
+  return keys;
 }
 
 void SaveJob::reuse_base_files() {

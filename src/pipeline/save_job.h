@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -35,15 +36,16 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
  public:
   using Clock = std::chrono::steady_clock;
 
-  /// Admission bookkeeping: `release_slot(committed)` runs just before the handle completes (so
-  /// that a save started once wait() returns is admitted, and sees this one as its incremental
-  /// base), `on_completed` just after (wait_all()).
+  /// Admission bookkeeping: `release_slot(committed, unchanged)` runs just before the handle
+  /// completes (so that a save started once wait() returns is admitted, and sees this one as
+  /// its incremental base, with unchanged_keys() as its plan::Layout::unchanged),
+  /// `on_completed` just after (wait_all()).
   /// With a `coordinator` the save is this rank's part of a distributed save (see
   /// coordinate()); without one it commits alone.
   SaveJob(Resources& res, plan::Plan plan, CommitPaths paths, nlohmann::json metadata,
           bool overwrite, std::shared_ptr<dist::Coordinator> coordinator, Clock::time_point started,
-          std::function<void(bool)> release_slot, std::function<void()> on_completed,
-          ProgressFn progress = {});
+          std::function<void(bool, std::set<std::string>)> release_slot,
+          std::function<void()> on_completed, ProgressFn progress = {});
 
   /// Creates the temporary directory and opens the shard files; throws on failure (nothing is
   /// left behind).
@@ -69,6 +71,10 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   // Incremental, after every shard is closed: files whose chunks all equal the base's become
   // links to (or copies of) the base files; skipped chunks of the others are copied in.
   void reuse_base_files();
+  // The keys whose bytes this save proved equal to its base (every chunk that holds them
+  // compared equal), and those of stable files it had no base to compare with (assumed still
+  // unchanged: a change shows in the next save's comparison).
+  std::set<std::string> unchanged_keys() const;
   void write_done(uint32_t file, uint64_t offset, int rc);
   void fail(std::exception_ptr e);
   void release_token();
@@ -90,7 +96,7 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   bool overwrite_;
   std::shared_ptr<dist::Coordinator> coordinator_;
   Clock::time_point started_;
-  std::function<void(bool)> release_slot_;
+  std::function<void(bool, std::set<std::string>)> release_slot_;
   std::function<void()> on_completed_;
   std::shared_ptr<detail::SaveState> state_;
   detail::ProgressMeter progress_;

@@ -71,6 +71,8 @@ struct TSNAP_HIDDEN Snapshotter::Impl {
   // save a few states in turn (a model, an optimizer). Guarded by base_mu.
   static constexpr size_t kKeptPlans = 4;
   std::deque<std::shared_ptr<const plan::Plan>> kept_plans;
+  // Incremental saves: the keys the last committed one found unchanged (plan::Layout::unchanged).
+  std::shared_ptr<const std::set<std::string>> unchanged;
 
   // The base of an incremental save: the last snapshot committed here, else the newest under
   // the root; null when there is none (or it cannot be read: the save is then a full one).
@@ -407,6 +409,12 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
     base = find_base();
     layout.base = base.get();
   }
+  std::shared_ptr<const std::set<std::string>> unchanged_keys;
+  if (layout.incremental) {
+    std::lock_guard<std::mutex> lock(base_mu);
+    unchanged_keys = unchanged;
+  }
+  layout.unchanged = unchanged_keys.get();
   std::deque<std::shared_ptr<const plan::Plan>> previous;
   if (!layout.incremental) {
     std::lock_guard<std::mutex> lock(base_mu);
@@ -433,12 +441,15 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
         res, std::move(plan), std::move(paths),
         metadata.is_null() ? nlohmann::json::object() : metadata, options.overwrite, coordinator,
         started,
-        [this, name](bool committed) {
+        [this, name, incremental = layout.incremental](bool committed,
+                                                        std::set<std::string> same) {
           // Before the handle completes: a save started once wait() returns takes this one
-          // as its incremental base.
+          // as its incremental base (and what it found unchanged as the next layout's hint).
           if (committed) {
             std::lock_guard<std::mutex> lock(base_mu);
             last_committed = name;
+            unchanged = incremental ? std::make_shared<const std::set<std::string>>(std::move(same))
+                                    : nullptr;
           }
           release_slot(name);
         },

@@ -70,6 +70,7 @@ struct Group {
   const FileRecord* base = nullptr;  // incremental: the base file whose layout it repeats
   std::string header_id;             // that file's header id (empty: the plan's)
   std::map<std::string, std::pair<uint64_t, uint64_t>> base_offsets;  // name -> [begin, end)
+  bool stable = false;               // its members were unchanged in the previous save
 };
 
 std::string replicated_entry(const Item& it) {
@@ -149,7 +150,16 @@ bool same_tensor(const Item& it, const TensorRecord& t) {
 // least loaded rank (counting kept files), in the same order on every rank.
 std::vector<Group> incremental_groups(const std::vector<Item>& items, RankOf ranks,
                                       uint64_t chunk_bytes, const Base* base,
+                                      const std::set<std::string>* unchanged,
                                       std::vector<std::string>* replicated) {
+  // Whether item i is known unchanged; nullopt where the split does not apply (no history, or
+  // a replicated entry of a distributed save, whose files every rank must lay out alike).
+  auto stable_of = [&](size_t i) -> std::optional<bool> {
+    if (unchanged == nullptr || (ranks.world_size > 1 && !items[i].entry->shard)) {
+      return std::nullopt;
+    }
+    return unchanged->count(*items[i].key) != 0;
+  };
   std::map<std::string, size_t> index;
   for (size_t i = 0; i < items.size(); ++i) {
     index.emplace(*items[i].key, i);
@@ -181,27 +191,33 @@ std::vector<Group> incremental_groups(const std::vector<Item>& items, RankOf ran
       g.header_id = f.header_id(base->manifest.id);
       bool keep = true;
       uint64_t bytes = 0;
+      std::set<bool> classes;  // stable and changing members do not share a kept file
       for (const TensorRecord* t : recs->second) {
         const auto it = index.find(t->name);
         keep = keep && t->shard.has_value() == pieces && it != index.end() &&
                !placed[it->second] && same_tensor(items[it->second], *t);
         if (!keep) break;
+        if (const std::optional<bool> stable = stable_of(it->second)) classes.insert(*stable);
         g.members.push_back(it->second);
         g.base_offsets[t->name] = {t->begin, t->end};
         bytes += items[it->second].bytes;
       }
-      if (!keep) continue;
+      if (!keep || classes.size() > 1) continue;
+      g.stable = classes.count(true) != 0;
       for (size_t i : g.members) placed[i] = true;
       if (!pieces) rank_load[static_cast<size_t>(f.rank)] += bytes;
       if (pieces || f.rank == ranks.rank) groups.push_back(std::move(g));
     }
   }
-  // The rest by name (the index is ordered), cut into files of about the target size.
-  for (const bool pieces : {false, true}) {
+  // The rest by name (the index is ordered), cut into files of about the target size; the
+  // tensors known unchanged apart from the others.
+  for (const bool pieces : {false, true})
+  for (const bool stable : {false, true}) {
     std::vector<std::vector<size_t>> cut;
     uint64_t size = 0;
     for (const auto& [key, i] : index) {
       if (placed[i] || items[i].entry->shard.has_value() != pieces) continue;
+      if (stable_of(i).value_or(false) != stable) continue;
       if (cut.empty() || (size > 0 && size + items[i].bytes > target)) {
         cut.emplace_back();
         size = 0;
@@ -220,6 +236,7 @@ std::vector<Group> incremental_groups(const std::vector<Item>& items, RankOf ran
       if (static_cast<int>(owner) != ranks.rank) continue;
       Group g;
       g.members = std::move(members);
+      g.stable = stable;
       groups.push_back(std::move(g));
     }
   }
@@ -437,7 +454,7 @@ Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chun
   std::vector<std::string> replicated;
   std::vector<Group> groups = layout.incremental
                                   ? incremental_groups(items, ranks, chunk_bytes, layout.base,
-                                                       &replicated)
+                                                       layout.unchanged, &replicated)
                                   : balanced_groups(items, options, ranks, max_auto_shards,
                                                     &replicated);
 
@@ -466,6 +483,7 @@ Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chun
         file = build_file(group, items, chunk_bytes, id);
       }
     }
+    file.stable = group.stable;
     for (const PlannedTensor& t : file.tensors) plan.tensor_bytes += t.nbytes();
     plan.num_tensors += file.tensors.size();
     plan.total_bytes += file.size;

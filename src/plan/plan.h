@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,9 @@ struct PlannedFile {
   /// layout (header included) this file repeats byte for byte; a chunk staged with an equal
   /// hash need not be written. Empty: nothing to compare with.
   std::vector<uint64_t> base_hashes;
+  /// Incremental saves: made of tensors the previous save found unchanged (Layout::unchanged),
+  /// kept apart from those that change.
+  bool stable = false;
   uint64_t num_chunks() const { return size == 0 ? 0 : (size + chunk_bytes - 1) / chunk_bytes; }
   /// Byte range [first, last) of chunk `c`.
   uint64_t chunk_begin(uint64_t c) const { return c * chunk_bytes; }
@@ -68,6 +72,13 @@ struct Layout {
   /// `base` whose tensors are all still there with the same dtype, shape and shard spec.
   bool incremental = false;
   const Base* base = nullptr;  ///< Incremental only; may be null (a first save).
+  /// Incremental only, may be null: the keys whose bytes the previous incremental save found
+  /// unchanged (SaveJob::unchanged_keys). Their tensors go to files of their own, apart from
+  /// those that change (a base file is kept only when all its tensors or none are in the set),
+  /// so that frozen layers end up in files that later saves link whole, however their keys
+  /// interleave with trained ones. In a distributed save, applied to this rank's pieces only
+  /// (the replicated entries' files must be the same on every rank).
+  const std::set<std::string>* unchanged = nullptr;
   /// Not incremental: plans make_plan made before (for earlier saves of the same training
   /// state). When the state holds the same keys as one of them with the same stored dtypes,
   /// shapes and shard specs, and chunk size, shard count and ranks are the same, the first such
