@@ -67,6 +67,22 @@ FineTuning gpt2_fine_tuning(double scale) {
   return out;
 }
 
+FineTuning interleaved_fine_tuning(double scale) {
+  FineTuning out;
+  const int64_t d = std::max<int64_t>(64, static_cast<int64_t>(2048 * scale));
+  for (int l = 0; l < 8; ++l) {
+    const std::string layer = "layers." + std::to_string(l) + ".";
+    out.state.insert(layer + "weight", filled({d, d}));
+    for (const char* key : {"adapter", "adapter.exp_avg", "adapter.exp_avg_sq"}) {
+      out.state.insert(layer + key, filled({d, 64}));
+      out.trained.push_back(layer + key);
+    }
+  }
+  out.state.insert("optim.step", at::zeros({}, at::kLong));
+  out.trained.emplace_back("optim.step");
+  return out;
+}
+
 StateDict llama_1b_with_adam(double scale) {
   at::manual_seed(3);
   auto dim = [&](int64_t n, int64_t lo) {

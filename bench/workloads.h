@@ -21,6 +21,10 @@ struct FineTuning {
   std::vector<std::string> trained;
 };
 FineTuning gpt2_fine_tuning(double scale = 1.0);
+/// A fine-tune whose frozen and trained tensors interleave by name, as adapters do: 8 frozen
+/// layers of [2048, 2048] fp32 (16 MiB each at scale 1) "layers.<i>.weight", each followed
+/// by a trained "layers.<i>.adapter" [2048, 64] with its Adam moments, and a step counter.
+FineTuning interleaved_fine_tuning(double scale = 1.0);
 
 /// TinyLlama-1.1B-like layer shapes (22 layers, hidden 2048, MLP 5632, 4 KV heads of 64, vocab
 /// 32000) with two Adam moments per parameter: ~13 GB of fp32; `scale` shrinks the widths.

@@ -40,8 +40,7 @@ int64_t now_ns() {
 
 SaveJob::SaveJob(Resources& res, plan::Plan plan, CommitPaths paths, nlohmann::json metadata,
                  bool overwrite, std::shared_ptr<dist::Coordinator> coordinator,
-                 Clock::time_point started,
-                 std::function<void(bool, std::set<std::string>)> release_slot,
+                 Clock::time_point started, std::function<void(bool, Learned)> release_slot,
                  std::function<void()> on_completed, ProgressFn progress)
     : res_(res),
       plan_(std::move(plan)),
@@ -69,6 +68,12 @@ SaveJob::SaveJob(Resources& res, plan::Plan plan, CommitPaths paths, nlohmann::j
   for (size_t f = 0; f < plan_.files.size(); ++f) {
     hashes_[f].assign(plan_.files[f].num_chunks(), 0);
     skipped_[f].assign(plan_.files[f].num_chunks(), 0);
+  }
+  if (plan_.incremental) {
+    piece_hashes_.resize(plan_.files.size());
+    for (size_t f = 0; f < plan_.files.size(); ++f) {
+      piece_hashes_[f].resize(plan_.files[f].num_chunks());
+    }
   }
 }
 
@@ -161,7 +166,7 @@ void SaveJob::stage_chunk(size_t index, const std::vector<stage::Sources>& sourc
     return;
   }
   progress_.staged(len);
-  if (base_files_[ref.file]) {
+  if (base_files_[ref.file]) {  // (hash_pieces runs there, on the blocking pool)
     // Hashed off the caller's stall, on the blocking pool, before deciding to write.
     auto self = shared_from_this();
     boost::asio::post(*res_.blocking,
@@ -172,6 +177,7 @@ void SaveJob::stage_chunk(size_t index, const std::vector<stage::Sources>& sourc
 }
 
 void SaveJob::compare_and_submit(plan::ChunkRef ref, int buf, uint64_t len) {
+  hash_pieces(ref, res_.pool->data(buf));
   const uint64_t hash = format::hash64(res_.pool->data(buf), len);
   const plan::PlannedFile& file = plan_.files[ref.file];
   // Equal to the base manifest's hash, and the base file's bytes proven to hash alike.
@@ -217,6 +223,7 @@ void SaveJob::submit(plan::ChunkRef ref, int buf, uint64_t len, std::optional<ui
         if (rc == 0) {
           self->hashes_[ref.file][ref.chunk] =
               hash ? *hash : format::hash64(self->res_.pool->data(buf), len);
+          if (!hash) self->hash_pieces(ref, self->res_.pool->data(buf));
         }
         if (rc != 0 || !self->hot_ || !self->hot_->keep(ref.file, ref.chunk, buf)) {
           self->res_.pool->release(buf);
@@ -318,32 +325,41 @@ void SaveJob::finish() {
   for (plan::PlannedFile& file : plan_.files) {
     for (plan::PlannedTensor& t : file.tensors) t.source = at::Tensor();
   }
-  if (release_slot_) release_slot_(!error, error ? std::set<std::string>() : unchanged_keys());
+  if (release_slot_) release_slot_(!error, error || !plan_.incremental ? Learned() : learned());
   state_->complete(error);
   if (on_completed_) on_completed_();
 }
 
-std::set<std::string> SaveJob::unchanged_keys() const {
-  std::set<std::string> keys;
-  for (size_t f = 0; f < plan_.files.size(); ++f) {
+void SaveJob::hash_pieces(plan::ChunkRef ref, const uint8_t* data) {
+  if (!plan_.incremental) return;
+  const plan::PlannedFile& file = plan_.files[ref.file];
+  const uint64_t begin = file.chunk_begin(ref.chunk), end = file.chunk_end(ref.chunk);
+  std::vector<uint64_t>& out = piece_hashes_[ref.file][ref.chunk];
+  out.clear();
+  for (const plan::PlannedTensor& t : file.tensors) {  // in file order
+    const uint64_t lo = std::max(t.begin, begin), hi = std::min(t.end, end);
+    if (lo < hi) out.push_back(format::hash64(data + (lo - begin), hi - lo));
+  }
+}
+
+SaveJob::Learned SaveJob::learned() const {
+  Learned out;
+  for (size_t f = 0; f < plan_.written_files; ++f) {
     const plan::PlannedFile& file = plan_.files[f];
-    if (!base_files_[f]) {
-      if (file.stable) {
-        for (const plan::PlannedTensor& t : file.tensors) keys.insert(t.name);
-      }
-      continue;
-    }
+    std::vector<size_t> next(file.num_chunks(), 0);  // next piece of each chunk
     for (const plan::PlannedTensor& t : file.tensors) {
-      bool equal = true;
-      for (uint64_t c = t.begin / file.chunk_bytes; equal && t.end > t.begin &&
-                                                    c <= (t.end - 1) / file.chunk_bytes;
+      if (file.stable && !base_files_[f]) out.carried.insert(t.name);
+      std::vector<uint64_t>& sig = out.signatures[t.name];
+      for (uint64_t c = t.begin / file.chunk_bytes; t.end > t.begin && c <= (t.end - 1) /
+                                                                         file.chunk_bytes;
            ++c) {
-        equal = skipped_[f][c] != 0;
+        const std::vector<uint64_t>& pieces = piece_hashes_[f][c];
+        sig.push_back(std::max(t.begin, file.chunk_begin(c)) - t.begin);
+        sig.push_back(next[c] < pieces.size() ? pieces[next[c]++] : 0);
       }
-      if (equal) keys.insert(t.name);
     }
   }
-  return keys;
+  return out;
 }
 
 void SaveJob::reuse_base_files() {

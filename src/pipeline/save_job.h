@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -36,16 +37,24 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
  public:
   using Clock = std::chrono::steady_clock;
 
-  /// Admission bookkeeping: `release_slot(committed, unchanged)` runs just before the handle
+  /// What an incremental save learned for the next one's layout (plan::Layout::unchanged):
+  /// each key's signature (the XXH3-64 of each of its pieces within a chunk, with the piece's
+  /// offset in the tensor: equal signatures of the same layout mean equal bytes), and the keys
+  /// of stable files laid out anew, whose signatures cannot be compared with the previous
+  /// save's (assumed still unchanged; a change shows at the next comparison).
+  struct Learned {
+    std::map<std::string, std::vector<uint64_t>> signatures;
+    std::set<std::string> carried;
+  };
+  /// Admission bookkeeping: `release_slot(committed, learned)` runs just before the handle
   /// completes (so that a save started once wait() returns is admitted, and sees this one as
-  /// its incremental base, with unchanged_keys() as its plan::Layout::unchanged),
-  /// `on_completed` just after (wait_all()).
+  /// its incremental base, with what it learned), `on_completed` just after (wait_all()).
   /// With a `coordinator` the save is this rank's part of a distributed save (see
   /// coordinate()); without one it commits alone.
   SaveJob(Resources& res, plan::Plan plan, CommitPaths paths, nlohmann::json metadata,
           bool overwrite, std::shared_ptr<dist::Coordinator> coordinator, Clock::time_point started,
-          std::function<void(bool, std::set<std::string>)> release_slot,
-          std::function<void()> on_completed, ProgressFn progress = {});
+          std::function<void(bool, Learned)> release_slot, std::function<void()> on_completed,
+          ProgressFn progress = {});
 
   /// Creates the temporary directory and opens the shard files; throws on failure (nothing is
   /// left behind).
@@ -71,10 +80,11 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   // Incremental, after every shard is closed: files whose chunks all equal the base's become
   // links to (or copies of) the base files; skipped chunks of the others are copied in.
   void reuse_base_files();
-  // The keys whose bytes this save proved equal to its base (every chunk that holds them
-  // compared equal), and those of stable files it had no base to compare with (assumed still
-  // unchanged: a change shows in the next save's comparison).
-  std::set<std::string> unchanged_keys() const;
+  // Incremental saves: hashes the piece of each tensor that chunk `ref` (its staged bytes at
+  // `data`) holds, into piece_hashes_ (one thread per chunk, so no lock).
+  void hash_pieces(plan::ChunkRef ref, const uint8_t* data);
+  // What the next save's layout learns from this one (Learned).
+  Learned learned() const;
   void write_done(uint32_t file, uint64_t offset, int rc);
   void fail(std::exception_ptr e);
   void release_token();
@@ -96,7 +106,7 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   bool overwrite_;
   std::shared_ptr<dist::Coordinator> coordinator_;
   Clock::time_point started_;
-  std::function<void(bool, std::set<std::string>)> release_slot_;
+  std::function<void(bool, Learned)> release_slot_;
   std::function<void()> on_completed_;
   std::shared_ptr<detail::SaveState> state_;
   detail::ProgressMeter progress_;
@@ -106,6 +116,8 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   std::vector<std::vector<uint8_t>> skipped_;         // per file, per chunk: equal to the base
   std::vector<bool> reused_whole_;                     // per file: linked or copied whole
   std::vector<std::vector<uint64_t>> hashes_;  // per file, per chunk
+  // Incremental saves: per file, per chunk, the hash of each tensor piece it holds (in order).
+  std::vector<std::vector<std::vector<uint64_t>>> piece_hashes_;
   std::atomic<uint64_t> pending_{1};  // submitted writes not completed, +1 while staging
   std::atomic<bool> failed_{false};
   bool keep_temporary_ = false;  // distributed: rank 0 went silent and may still commit

@@ -71,8 +71,10 @@ struct TSNAP_HIDDEN Snapshotter::Impl {
   // save a few states in turn (a model, an optimizer). Guarded by base_mu.
   static constexpr size_t kKeptPlans = 4;
   std::deque<std::shared_ptr<const plan::Plan>> kept_plans;
-  // Incremental saves: the keys the last committed one found unchanged (plan::Layout::unchanged).
+  // Incremental saves: the keys whose bytes the last committed one found unchanged since the
+  // one before (plan::Layout::unchanged), and its keys' signatures (SaveJob::Learned).
   std::shared_ptr<const std::set<std::string>> unchanged;
+  std::map<std::string, std::vector<uint64_t>> signatures;
 
   // The base of an incremental save: the last snapshot committed here, else the newest under
   // the root; null when there is none (or it cannot be read: the save is then a full one).
@@ -441,15 +443,19 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
         res, std::move(plan), std::move(paths),
         metadata.is_null() ? nlohmann::json::object() : metadata, options.overwrite, coordinator,
         started,
-        [this, name, incremental = layout.incremental](bool committed,
-                                                        std::set<std::string> same) {
+        [this, name](bool committed, pipeline::SaveJob::Learned learned) {
           // Before the handle completes: a save started once wait() returns takes this one
-          // as its incremental base (and what it found unchanged as the next layout's hint).
+          // as its incremental base, and what it found unchanged as its layout's hint.
           if (committed) {
             std::lock_guard<std::mutex> lock(base_mu);
             last_committed = name;
-            unchanged = incremental ? std::make_shared<const std::set<std::string>>(std::move(same))
-                                    : nullptr;
+            auto same = std::make_shared<std::set<std::string>>(std::move(learned.carried));
+            for (const auto& [key, signature] : learned.signatures) {
+              const auto it = signatures.find(key);
+              if (it != signatures.end() && it->second == signature) same->insert(key);
+            }
+            unchanged = std::move(same);
+            signatures = std::move(learned.signatures);
           }
           release_slot(name);
         },

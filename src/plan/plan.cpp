@@ -461,6 +461,7 @@ Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chun
   Plan plan;
   plan.id = id;
   plan.replicated = std::move(replicated);
+  plan.incremental = layout.incremental;
   if (layout.incremental && layout.base != nullptr) {
     plan.base_dir = layout.base->dir;
     plan.base_name = layout.base->name;

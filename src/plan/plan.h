@@ -124,6 +124,7 @@ struct Plan {
   std::vector<std::string> replicated;
   /// Incremental saves with a base: its directory and name (files with base_hashes repeat
   /// files of the same name there).
+  bool incremental = false;  ///< Laid out by Layout::incremental.
   std::string base_dir;
   std::string base_name;
   /// Files [0, written_files) are written; the rest are staged for the hot image only (see
