@@ -134,7 +134,10 @@ FetchedSnapshot::FetchedSnapshot(const std::string& url) {
 FetchedSnapshot::~FetchedSnapshot() { (void)detail::remove_tree(top_.string()); }
 
 std::vector<BadChunk> verify_s3(const std::string& url) {
-  auto [root, name] = format::S3Root::of_snapshot(url);
+  // (Named, not structured bindings: the lambda below captures them.)
+  const std::pair<format::S3Root, std::string> at = format::S3Root::of_snapshot(url);
+  const format::S3Root& root = at.first;
+  const std::string& name = at.second;
   const Manifest m = root.read_manifest(name);
   uint64_t largest = 0;
   const std::vector<ChunkTask> tasks = chunk_tasks(m, &largest);
