@@ -1,4 +1,4 @@
-// Distributed save benchmark (issue 12: distributed snapshots). Ranks on 127.0.0.1 hold the
+// Distributed save benchmark. Ranks on 127.0.0.1 hold the
 // same replicated GPT-2-small + Adam state and save it together through a DistGroup
 // (bench/dist.h): the aggregate durable throughput of 1, 2, 4 ranks (--ranks) and of one
 // process without a group, each against the raw device; the bytes each rank wrote (replicated

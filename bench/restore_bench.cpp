@@ -1,4 +1,4 @@
-// Restore benchmark (issue: fast restore). In one run, repetitions interleaved so that the
+// Restore benchmark. In one run, repetitions interleaved so that the
 // disk's drift hits every contender alike, for the GPT-2-small + Adam state (~1.5 GB fp32):
 // raw O_DIRECT reads (a sweep of read sizes and depths: the best is the baseline) and buffered
 // reads, tsnap load_into and load, torch::load, cold (files evicted from the page cache) and

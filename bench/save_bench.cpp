@@ -1,4 +1,4 @@
-// Save-pipeline benchmark (issue: the asynchronous save pipeline). In one run, repetitions
+// Save-pipeline benchmark. In one run, repetitions
 // interleaved so that the disk's drift hits every contender alike (bench/runner.h, the runner
 // of `tsnap bench` too):
 //   raw     sequential O_DIRECT write of an equal-size file with the same engine, same chunk
