@@ -6,12 +6,12 @@
 #   docs/bench-interval.svg  training-step overhead against the snapshot interval
 #                            (`tsnap bench --timeline`, eager and lazy, GPT-2 small + Adam).
 # The data (CSV) is kept next to the plots' scripts in $OUT (default: a temporary directory).
-# Usage: scripts/bench-plots.sh [DIR]   DIR: where the snapshots go (default /work/bench-tmp)
+# Usage: scripts/bench-plots.sh [DIR]   DIR: where the snapshots go (default /tmp/bench)
 # Environment: TSNAP (the tool, default build/tsnap), SIZES, EVERY, STEPS, STEP_MS, SCALE, REPS.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-dir="${1:-/work/bench-tmp}"
+dir="${1:-/tmp/bench}"
 tsnap="${TSNAP:-$repo/build/tsnap}"
 out="${OUT:-$(mktemp -d)}"
 sizes="${SIZES:-0.1 0.25 0.5 1 2 3.7}"
