@@ -195,6 +195,26 @@ Source disk_source(const format::SnapshotDir& dir, const Manifest& m,
           }};
 }
 
+// A snapshot in object storage: its manifest fetched (`local`), its shards fetched when the
+// reads of some records need them, then read as a local directory.
+Source s3_source(restore::FetchedSnapshot& local, const format::SnapshotDir& dir,
+                 restore::OpenedShards& opened) {
+  const Manifest& m = local.manifest();
+  return {m, dir.path,
+          [&local, &dir, &m, &opened](const std::vector<const TensorRecord*>& records) {
+            local.fetch_for(records);
+            opened = restore::open_shards(dir, m, records);
+          },
+          [&local, &dir, &m, &opened](const std::vector<restore::Target>& targets,
+                                      const restore::ReadPlan& plan, const LoadOptions& options,
+                                      bool in_place) {
+            std::vector<const TensorRecord*> records;  // (a load_into does not open first)
+            for (const restore::Target& t : targets) records.push_back(t.record);
+            local.fetch_for(records);
+            return restore::read_chunks(dir, m, targets, plan, options, in_place, &opened);
+          }};
+}
+
 // A hot image, pinned by the caller.
 Source hot_source(const stage::HotImage& image) {
   return {*image.manifest(), image.path(), nullptr,
@@ -256,6 +276,12 @@ StateDict load_from(const Source& src, const LoadOptions& options) {
 }  // namespace
 
 StateDict load(const std::filesystem::path& path, const LoadOptions& options) {
+  if (format::is_s3(path)) {
+    restore::FetchedSnapshot local(path.native(), /*every_file=*/false);
+    const format::SnapshotDir dir = format::SnapshotDir::open(local.path());
+    restore::OpenedShards opened;
+    return load_from(s3_source(local, dir, opened), options);
+  }
   return restore::read_snapshot(path, [&](const format::SnapshotDir& dir) {
     const Manifest m = format::read_manifest_in(dir);
     restore::OpenedShards opened;
@@ -358,6 +384,12 @@ LoadReport load_into_from(const Source& src, StateDict& dest, const LoadOptions&
 LoadReport load_into(const std::filesystem::path& path, StateDict& dest,
                      const LoadOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (format::is_s3(path)) {
+    restore::FetchedSnapshot local(path.native(), /*every_file=*/false);
+    const format::SnapshotDir dir = format::SnapshotDir::open(local.path());
+    restore::OpenedShards opened;
+    return load_into_from(s3_source(local, dir, opened), dest, options, t0);
+  }
   return restore::read_snapshot(path, [&](const format::SnapshotDir& dir) {
     const Manifest m = format::read_manifest_in(dir);
     restore::OpenedShards opened;

@@ -65,20 +65,26 @@ void check(int rc, const std::string& what) {
 
 }  // namespace
 
-void fetch(const format::S3Root& root, const std::string& name, const Manifest& m,
-           const std::string& text, const fs::path& dir) {
-  if (::mkdir(dir.c_str(), 0755) != 0) detail::throw_sys_error(-errno, "create " + dir.string());
-  std::vector<io::UniqueFd> fds;
-  for (const FileRecord& f : m.files) {
+namespace {
+
+// Copies the files `which` (indexes into m.files) of snapshot `name` into `dir` (which exists):
+// each by ranged GETs of its chunks, each chunk checked before it is written, then fsynced.
+void fetch_files(const format::S3Root& root, const std::string& name, const Manifest& m,
+                 const fs::path& dir, const std::vector<size_t>& which) {
+  std::vector<io::UniqueFd> fds(m.files.size());
+  std::vector<ChunkTask> tasks;
+  uint64_t largest = 0;
+  for (size_t i : which) {
+    const FileRecord& f = m.files[i];
     int err = 0;
     const std::string path = (dir / f.name).string();
-    fds.push_back(io::open_fd(path, O_WRONLY | O_CREAT | O_EXCL, 0644, &err));
+    fds[i] = io::open_fd(path, O_WRONLY | O_CREAT | O_EXCL, 0644, &err);
     check(err, "create " + path);
-    check(::ftruncate(fds.back().get(), static_cast<off_t>(f.size)) == 0 ? 0 : -errno,
+    check(::ftruncate(fds[i].get(), static_cast<off_t>(f.size)) == 0 ? 0 : -errno,
           "size " + path);
+    largest = std::max(largest, std::min(f.chunk_bytes, f.size));
+    for (uint64_t c = 0; c < f.chunk_hashes.size(); ++c) tasks.push_back({i, c});
   }
-  uint64_t largest = 0;
-  const std::vector<ChunkTask> tasks = chunk_tasks(m, &largest);
   io::S3Client& client = root.client();
   const std::string bucket = root.location().bucket;
   for_each_chunk(tasks, largest, [&](const ChunkTask& t, uint8_t* buffer) {
@@ -98,11 +104,14 @@ void fetch(const format::S3Root& root, const std::string& name, const Manifest& 
       detail::throw_sys_error(n < 0 ? -errno : -EIO, "write " + (dir / f.name).string());
     }
   });
-  for (size_t i = 0; i < fds.size(); ++i) {
+  for (size_t i : which) {
     const std::string path = (dir / m.files[i].name).string();
     check(::fsync(fds[i].get()) == 0 ? 0 : -errno, "fsync " + path);
     check(fds[i].close(), "close " + path);
   }
+}
+
+void write_manifest(const std::string& text, const fs::path& dir) {
   const std::string manifest = (dir / kManifestName).string();
   int err = 0;
   io::UniqueFd out = io::open_fd(manifest, O_WRONLY | O_CREAT | O_EXCL, 0644, &err);
@@ -113,22 +122,56 @@ void fetch(const format::S3Root& root, const std::string& name, const Manifest& 
   check(out.close(), "close " + manifest);
 }
 
-FetchedSnapshot::FetchedSnapshot(const std::string& url) {
-  auto [root, name] = format::S3Root::of_snapshot(url);
-  const std::optional<std::string> text = root.manifest_text(name);
+}  // namespace
+
+void fetch(const format::S3Root& root, const std::string& name, const Manifest& m,
+           const std::string& text, const fs::path& dir) {
+  if (::mkdir(dir.c_str(), 0755) != 0) detail::throw_sys_error(-errno, "create " + dir.string());
+  std::vector<size_t> all(m.files.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  fetch_files(root, name, m, dir, all);
+  write_manifest(text, dir);
+}
+
+FetchedSnapshot::FetchedSnapshot(const std::string& url, bool every_file) {
+  std::pair<format::S3Root, std::string> at = format::S3Root::of_snapshot(url);
+  root_ = std::make_unique<format::S3Root>(std::move(at.first));
+  name_ = std::move(at.second);
+  const std::optional<std::string> text = root_->manifest_text(name_);
   if (!text) throw_error(ErrorCode::kNotFound, "snapshot " + url + " does not exist (no manifest)");
-  const Manifest m = format::parse_manifest(*text, url + "/" + kManifestName);
+  manifest_ = format::parse_manifest(*text, url + "/" + kManifestName);
   const char* env = std::getenv("TSNAP_FETCH_DIR");
   const fs::path parent = env != nullptr && *env != '\0' ? fs::path(env) : fs::temp_directory_path();
   top_ = parent / ("tsnap-fetch-" + format::new_save_id());
   if (::mkdir(top_.c_str(), 0700) != 0) detail::throw_sys_error(-errno, "create " + top_.string());
-  snapshot_ = top_ / name;
+  snapshot_ = top_ / name_;
   try {
-    fetch(root, name, m, *text, snapshot_);
+    if (every_file) {
+      fetch(*root_, name_, manifest_, *text, snapshot_);
+    } else {
+      if (::mkdir(snapshot_.c_str(), 0755) != 0) {
+        detail::throw_sys_error(-errno, "create " + snapshot_.string());
+      }
+      write_manifest(*text, snapshot_);
+    }
   } catch (...) {
     (void)detail::remove_tree(top_.string());
     throw;
   }
+  fetched_.assign(manifest_.files.size(), every_file);
+}
+
+void FetchedSnapshot::fetch_for(const std::vector<const TensorRecord*>& records) {
+  std::vector<size_t> which;
+  for (const TensorRecord* r : records) {
+    for (size_t i = 0; i < manifest_.files.size(); ++i) {
+      if (manifest_.files[i].name == r->file && !fetched_[i]) {
+        fetched_[i] = true;
+        which.push_back(i);
+      }
+    }
+  }
+  if (!which.empty()) fetch_files(*root_, name_, manifest_, snapshot_, which);
 }
 
 FetchedSnapshot::~FetchedSnapshot() { (void)detail::remove_tree(top_.string()); }

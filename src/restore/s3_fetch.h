@@ -9,6 +9,7 @@
 /// threads (kFetchThreads) and joins them before it returns.
 
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,18 +31,29 @@ void fetch(const format::S3Root& root, const std::string& name, const Manifest& 
            const std::string& text, const std::filesystem::path& dir);
 
 /// A local copy of snapshot `url` ("s3://bucket/prefix/name") in a new temporary directory
-/// (under TSNAP_FETCH_DIR, else the system's temporary directory), removed by the destructor.
+/// (under TSNAP_FETCH_DIR, else the system's temporary directory), removed by the destructor:
+/// every file at once (`every_file`), or the manifest alone and then the files that
+/// fetch_for() is asked for (a load of some keys GETs only the shards that hold them).
 /// Errors: those of fetch and S3Root::read_manifest. Ownership: owns the directory.
+/// Thread-safety: one thread at a time.
 class FetchedSnapshot {
  public:
-  explicit FetchedSnapshot(const std::string& url);
+  explicit FetchedSnapshot(const std::string& url, bool every_file = true);
   ~FetchedSnapshot();
   FetchedSnapshot(const FetchedSnapshot&) = delete;
   FetchedSnapshot& operator=(const FetchedSnapshot&) = delete;
   /// The local snapshot directory.
   const std::filesystem::path& path() const { return snapshot_; }
+  /// Its manifest.
+  const Manifest& manifest() const { return manifest_; }
+  /// Fetches the files that hold `records` (of manifest()) and are not local yet.
+  void fetch_for(const std::vector<const TensorRecord*>& records);
 
  private:
+  std::unique_ptr<format::S3Root> root_;
+  std::string name_;
+  Manifest manifest_;
+  std::vector<bool> fetched_;       // by file index
   std::filesystem::path top_;       // the temporary directory
   std::filesystem::path snapshot_;  // top_/<name>
 };

@@ -142,10 +142,13 @@ TEST_F(S3Tier, ACorruptedObjectIsFoundAtRestoreNamingItsChunk) {
   const std::string durable = url("corrupt");
   {
     Snapshotter snap(options(local.path(), durable));
-    snap.save_async("s", state_of(1)).wait();
+    SaveOptions two_files;
+    two_files.num_shards = 2;
+    snap.save_async("s", state_of(1), nlohmann::json::object(), two_files).wait();
     snap.drain_wait();
   }
   const Manifest m = read_manifest(durable + "/s");
+  ASSERT_EQ(m.files.size(), 2u);
   const FileRecord& f = m.files.front();
   io::S3Client client(config_);
   const std::string key = "corrupt/s/" + f.name;
@@ -159,6 +162,14 @@ TEST_F(S3Tier, ACorruptedObjectIsFoundAtRestoreNamingItsChunk) {
     EXPECT_EQ(e.code(), ErrorCode::kHashMismatch);
     EXPECT_NE(std::string(e.what()).find(durable + "/s/" + f.name), std::string::npos) << e.what();
   }
+  // A load of keys that all live in the other file GETs that file only, and succeeds.
+  LoadOptions elsewhere;
+  for (const TensorRecord& t : m.tensors) {
+    if (t.file != f.name) elsewhere.include.push_back(t.name);
+  }
+  ASSERT_FALSE(elsewhere.include.empty());
+  const StateDict part = load(durable + "/s", elsewhere);
+  EXPECT_EQ(part.size(), elsewhere.include.size());
   const std::vector<BadChunk> bad = verify(durable + "/s");
   ASSERT_EQ(bad.size(), 1u);
   EXPECT_EQ(bad[0].file, f.name);
