@@ -335,10 +335,24 @@ def main(argv=None):
                    help=f"comma-separated, of: {', '.join(METHODS)} (default: "
                    f"{','.join(default)}); with --ranks, of: {', '.join(_bench_dist.METHODS)} "
                    f"(default: {','.join(_bench_dist.default_methods())})")
+    p.add_argument("--loop", action="store_true",
+                   help="measure what periodic snapshots cost a training loop (paired blocks "
+                   "with and without a snapshot; see tsnap/_bench_loop.py); with --size-mb, "
+                   "--pairs, --block")
+    p.add_argument("--pairs", type=int, default=30, help="with --loop: block pairs (default 30)")
+    p.add_argument("--block", type=int, default=20,
+                   help="with --loop: training steps per block (default 20)")
     p.add_argument("--json", default=None, help="also write every figure to this file")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
+    if args.loop:
+        from . import _bench_loop
+        results = _bench_loop.main(args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return 0
     if args.ranks:
         if args.ranks < 2:
             p.error("--ranks needs at least 2 ranks")
