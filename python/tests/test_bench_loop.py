@@ -1,0 +1,20 @@
+"""``python -m tsnap.bench --loop`` runs end to end on a tiny state and reports what it says."""
+
+import math
+import os
+
+from tsnap import _bench_loop
+
+
+def test_loop_benchmark_reports_paired_overhead_and_cleans_up(tmp_path):
+    for staging in ("eager", "lazy"):
+        r = _bench_loop.run(size_mb=4, pairs=4, block=2, staging=staging,
+                            workdir=str(tmp_path / staging))
+        assert r["pairs"] == 4 and r["block_steps"] == 2 and r["state_mb"] > 3
+        lo, hi = r["overhead_ci"]
+        assert lo <= r["overhead"] <= hi and all(math.isfinite(v) for v in (lo, hi))
+        assert r["stall_s"] > 0 and r["block_s"] > 0
+        assert r["target"] == (r["stall_s"] / r["block_s"] + 0.01 if staging == "eager" else 0.01)
+        assert "overhead of one snapshot per block" in _bench_loop.report(r)
+        # Only the warm-up snapshot stays: each measured one is removed once committed.
+        assert sorted(os.listdir(tmp_path / staging)) == ["warm-up"]
