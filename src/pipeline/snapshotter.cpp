@@ -502,7 +502,13 @@ std::string Snapshotter::engine_name() const { return impl_->res.host->name(); }
 std::optional<fs::path> Snapshotter::latest() const {
   std::optional<fs::path> local = tsnap::latest(root());
   if (durable_root().empty()) return local;
-  std::optional<fs::path> durable = tsnap::latest(durable_root());
+  std::optional<fs::path> durable;
+  try {
+    durable = tsnap::latest(durable_root());
+  } catch (const IoError&) {
+    if (local) return local;  // the durable tier is unreachable (a store that is down)
+    throw;
+  }
   if (!local || !durable) return local ? local : durable;
   try {
     const Manifest a = read_manifest(*local), b = read_manifest(*durable);

@@ -468,7 +468,17 @@ int64_t PeriodicSnapshots::resume(const ApplyCheckpoint& apply) {
   std::vector<std::filesystem::path> roots{m.snapshotter.root()};
   if (!m.snapshotter.durable_root().empty()) roots.push_back(m.snapshotter.durable_root());
   for (const std::filesystem::path& root : roots) {
-    for (const Listed& l : list(root)) {
+    std::vector<Listed> listed;
+    try {
+      listed = list(root);
+    } catch (const IoError& e) {
+      if (root == roots.front()) throw;
+      // The durable tier is unreachable (a store that is down): resume from the local one.
+      m.log("tsnap: resume cannot list " + root.string() + " (" + detail::first_line(e.what()) +
+            "); resuming from " + roots.front().string());
+      continue;
+    }
+    for (const Listed& l : listed) {
       if (!l.committed) {
         m.log("tsnap: resume skips " + (roots.size() > 1 ? l.path.string() : l.name) + ": " +
               l.problem);

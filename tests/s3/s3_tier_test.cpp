@@ -345,6 +345,17 @@ TEST_F(S3Tier, AStoreThatIsDownFailsTheDrainQuicklyAndTheNextDrainCompletes) {
     EXPECT_THROW(snap.drain_wait(), IoError);
     EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60));
   }
+  {
+    // While it is down, the local tier alone answers latest() and resume (a snapshot with a
+    // step, as the hook saves them).
+    Snapshotter snap(options(local.path(), durable));
+    snap.save_async(format::step_name(7), checkpoint_at(state_of(4), 7)).wait();
+    ASSERT_TRUE(snap.latest().has_value());
+    EXPECT_EQ(snap.latest()->filename().string(), format::step_name(7));
+    PeriodicSnapshots hook(snap, Schedule({.every_steps = 100}),
+                           [&] { return checkpoint_at(state_of(4), 0); }, {.log = nullptr});
+    EXPECT_EQ(hook.resume([](Checkpoint&) {}), 7);
+  }
   ::setenv("AWS_ENDPOINT_URL_S3", config_.endpoint.c_str(), 1);  // back up
   Snapshotter snap(options(local.path(), durable));
   snap.drain_wait();
