@@ -435,6 +435,7 @@ TEST_F(S3Tier, KeepRulesApplyInTheStore) {
   EXPECT_THROW(remove_snapshot(durable + "/" + format::step_name(3)), IoError);
 }
 
+#ifdef TSNAP_CLI_PATH  // a build with the tool (tests/CMakeLists.txt)
 // What `tsnap <args>` printed (stdout and stderr) and its exit status.
 std::pair<int, std::string> run_tool(const std::string& args) {
   std::string out;
@@ -468,6 +469,7 @@ TEST_F(S3Tier, TheToolAndTheLazyReaderTakeStoreUrls) {
   EXPECT_TRUE(bitwise_equal(reader.read("mid"), sd.at("mid")));
   EXPECT_TRUE(bitwise_equal(reader.read("big"), sd.at("big")));
 }
+#endif
 
 }  // namespace
 }  // namespace tsnap
