@@ -1,11 +1,9 @@
 // `tsnap cat SNAPSHOT KEY`: one tensor's dtype, shape, summary statistics and values, printed
 // the way PyTorch prints tensors (4 decimals or scientific notation, aligned columns, and for
 // more than 1000 elements only the first and last 3 items of each dimension). Reads through
-// the lazy reader: only the chunks under the tensor (or the rows asked for) are read and
-// verified; a key stored as pieces (a distributed save of sharded state) is assembled from the
+// the snapshot's mapping, without LibTorch: only the chunks under the tensor (or the rows asked
+// for) are read and verified; a key stored as pieces (a distributed save of sharded state) is assembled from the
 // pieces that overlap what is asked for (cli/keys.h).
-
-#include <ATen/ATen.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -24,9 +22,9 @@
 #include "cli/commands.h"
 #include "cli/keys.h"
 #include "cli/output.h"
+#include "format/dtype.h"
 #include "format/layout.h"
 #include "tsnap/error.h"
-#include "tsnap/reader.h"
 
 namespace tsnap::cli {
 namespace {
@@ -46,50 +44,72 @@ struct CatOptions {
   bool no_verify = false;
 };
 
-// The first and last kEdge items of every longer dimension (what a summary shows).
-at::Tensor edges(at::Tensor t) {
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    const int64_t n = t.size(d);
-    if (n > 2 * kEdge) t = at::cat({t.narrow(d, 0, kEdge), t.narrow(d, n - kEdge, kEdge)}, d);
+// The elements a print shows: every one, or for a summary the first and last kEdge items of
+// every longer dimension; their shape, and their row-major indices in the tensor.
+struct Shown {
+  std::vector<int64_t> shape;
+  std::vector<int64_t> index;
+};
+
+Shown shown_elements(const std::vector<int64_t>& shape, bool summary) {
+  Shown s;
+  std::vector<std::vector<int64_t>> picks(shape.size());
+  int64_t count = 1;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    const int64_t n = shape[d];
+    for (int64_t i = 0; i < n; ++i) {
+      if (summary && n > 2 * kEdge && i == kEdge) i = n - kEdge;
+      picks[d].push_back(i);
+    }
+    s.shape.push_back(static_cast<int64_t>(picks[d].size()));
+    count *= s.shape.back();
   }
-  return t;
+  // Row-major walk over the picks (an odometer over the dimensions).
+  std::vector<size_t> at(shape.size(), 0);
+  for (int64_t k = 0; k < count; ++k) {
+    int64_t flat = 0;
+    for (size_t d = 0; d < shape.size(); ++d) flat = flat * shape[d] + picks[d][at[d]];
+    s.index.push_back(flat);
+    for (size_t d = shape.size(); d-- > 0;) {
+      if (++at[d] < picks[d].size()) break;
+      at[d] = 0;
+    }
+  }
+  return s;
 }
 
 // Every shown value as text, in row-major order, padded to one width.
-std::vector<std::string> cells(const at::Tensor& shown) {
+std::vector<std::string> cells(const Values& v, const std::vector<int64_t>& index) {
   std::vector<std::string> out;
-  const int64_t n = shown.numel();
   char text[64];
-  if (shown.scalar_type() == at::kBool) {
-    const at::Tensor b = shown.contiguous();
-    for (int64_t i = 0; i < n; ++i) out.push_back(b.data_ptr<bool>()[i] ? "True" : "False");
-  } else if (!at::isFloatingType(shown.scalar_type())) {
-    const at::Tensor v = shown.to(at::kLong).contiguous();
-    for (int64_t i = 0; i < n; ++i) out.push_back(std::to_string(v.data_ptr<int64_t>()[i]));
+  if (v.dtype == at::kBool) {
+    for (int64_t i : index) out.push_back(v.integer(i) ? "True" : "False");
+  } else if (!format::is_floating(v.dtype)) {
+    for (int64_t i : index) out.push_back(std::to_string(v.integer(i)));
   } else {
-    const at::Tensor v = shown.to(at::kDouble).contiguous();
-    const double* p = v.data_ptr<double>();
+    std::vector<double> p;
+    for (int64_t i : index) p.push_back(v.real(i));
     // PyTorch's choice: integral values print as "3.", a wide range or extreme magnitudes
     // switch to scientific notation, anything else prints with 4 decimals.
     double lo = std::numeric_limits<double>::infinity(), hi = 0;
     bool integral = true;
-    for (int64_t i = 0; i < n; ++i) {
-      if (!std::isfinite(p[i])) continue;
-      integral = integral && p[i] == std::ceil(p[i]);
-      if (p[i] != 0) {
-        lo = std::min(lo, std::abs(p[i]));
-        hi = std::max(hi, std::abs(p[i]));
+    for (double x : p) {
+      if (!std::isfinite(x)) continue;
+      integral = integral && x == std::ceil(x);
+      if (x != 0) {
+        lo = std::min(lo, std::abs(x));
+        hi = std::max(hi, std::abs(x));
       }
     }
     const bool any = hi > 0;
     const bool sci = any && (hi / lo > 1000 || hi > 1e8 || (!integral && lo < 1e-4));
-    for (int64_t i = 0; i < n; ++i) {
-      if (std::isnan(p[i])) {
+    for (double x : p) {
+      if (std::isnan(x)) {
         out.push_back("nan");
-      } else if (std::isinf(p[i])) {
-        out.push_back(p[i] > 0 ? "inf" : "-inf");
+      } else if (std::isinf(x)) {
+        out.push_back(x > 0 ? "inf" : "-inf");
       } else {
-        std::snprintf(text, sizeof text, sci ? "%.4e" : (integral ? "%.0f." : "%.4f"), p[i]);
+        std::snprintf(text, sizeof text, sci ? "%.4e" : (integral ? "%.0f." : "%.4f"), x);
         out.push_back(text);
       }
     }
@@ -102,20 +122,21 @@ std::vector<std::string> cells(const at::Tensor& shown) {
 
 // One dimension's items joined: the innermost wrapped at the line width, outer ones one per
 // line (a blank line more per level, as PyTorch does); "..." stands for what a summary skips.
-std::string block(const std::vector<std::string>& all, const at::Tensor& shown,
+std::string block(const std::vector<std::string>& all, const std::vector<int64_t>& shown,
                   const std::vector<int64_t>& full_shape, bool summary, int64_t dim, size_t& pos,
                   size_t indent) {
-  const int64_t n = shown.size(dim);
+  const int64_t dims = static_cast<int64_t>(shown.size());
+  const int64_t n = shown[dim];
   const bool cut = summary && full_shape[dim] > 2 * kEdge;
   std::vector<std::string> items;
   for (int64_t i = 0; i < n; ++i) {
-    if (cut && i == kEdge) items.push_back(dim + 1 == shown.dim() ? " ..." : "...");
-    items.push_back(dim + 1 == shown.dim()
+    if (cut && i == kEdge) items.push_back(dim + 1 == dims ? " ..." : "...");
+    items.push_back(dim + 1 == dims
                         ? all[pos++]
                         : block(all, shown, full_shape, summary, dim + 1, pos, indent + 1));
   }
   std::string out = "[";
-  if (dim + 1 == shown.dim()) {
+  if (dim + 1 == dims) {
     size_t column = indent + 1;
     for (size_t i = 0; i < items.size(); ++i) {
       if (i > 0 && column + items[i].size() + 2 > kLineWidth) {
@@ -130,42 +151,39 @@ std::string block(const std::vector<std::string>& all, const at::Tensor& shown,
     }
   } else {
     const std::string sep =
-        "," + std::string(shown.dim() - dim - 1, '\n') + std::string(indent + 1, ' ');
+        "," + std::string(dims - dim - 1, '\n') + std::string(indent + 1, ' ');
     for (size_t i = 0; i < items.size(); ++i) out += (i ? sep : "") + items[i];
   }
   return out + "]";
 }
 
-std::string values_text(const at::Tensor& t, bool full) {
-  const bool summary = !full && t.numel() > kThreshold;
-  const at::Tensor shown = summary ? edges(t) : t;
-  const std::vector<std::string> all = cells(shown);
-  if (t.dim() == 0) return "tensor(" + all[0] + ")";
-  if (t.numel() == 0) {
+std::string values_text(const Values& v, bool full) {
+  const bool summary = !full && v.numel() > kThreshold;
+  const Shown shown = shown_elements(v.shape, summary);
+  if (v.shape.empty()) return "tensor(" + cells(v, {0})[0] + ")";
+  if (v.numel() == 0) {
     std::string size;
-    for (int64_t d : t.sizes()) size += (size.empty() ? "" : ", ") + std::to_string(d);
-    return t.dim() == 1 ? "tensor([])" : "tensor([], size=(" + size + "))";
+    for (int64_t d : v.shape) size += (size.empty() ? "" : ", ") + std::to_string(d);
+    return v.shape.size() == 1 ? "tensor([])" : "tensor([], size=(" + size + "))";
   }
   size_t pos = 0;
-  return "tensor(" + block(all, shown, t.sizes().vec(), summary, 0, pos, 7) + ")";
+  return "tensor(" + block(cells(v, shown.index), shown.shape, v.shape, summary, 0, pos, 7) +
+         ")";
 }
 
-// min / max / mean / std over the finite values, in slices so that memory stays small.
-std::string stats_text(const at::Tensor& t) {
-  if (t.numel() == 0 || t.scalar_type() == at::kBool) return "";
-  const at::Tensor flat = t.reshape({-1});
-  constexpr int64_t kSlice = 1 << 20;
+// min / max / mean / std over the finite values.
+std::string stats_text(const Values& v) {
+  if (v.numel() == 0 || v.dtype == at::kBool) return "";
   double lo = std::numeric_limits<double>::infinity(), hi = -lo, sum = 0, sq = 0;
   int64_t finite = 0;
-  for (int64_t i = 0; i < flat.numel(); i += kSlice) {
-    at::Tensor x = flat.narrow(0, i, std::min(kSlice, flat.numel() - i)).to(at::kDouble);
-    x = x.masked_select(x.isfinite());
-    if (x.numel() == 0) continue;
-    finite += x.numel();
-    lo = std::min(lo, x.min().item<double>());
-    hi = std::max(hi, x.max().item<double>());
-    sum += x.sum().item<double>();
-    sq += x.square().sum().item<double>();
+  for (int64_t i = 0; i < v.numel(); ++i) {
+    const double x = v.real(i);
+    if (!std::isfinite(x)) continue;
+    ++finite;
+    lo = std::min(lo, x);
+    hi = std::max(hi, x);
+    sum += x;
+    sq += x * x;
   }
   char text[160];
   if (finite == 0) return "no finite values";
@@ -174,18 +192,19 @@ std::string stats_text(const at::Tensor& t) {
   std::snprintf(text, sizeof text, "min %.6g  max %.6g  mean %.6g  std %.6g", lo, hi, mean,
                 std::sqrt(var));
   std::string out = text;
-  if (finite < t.numel()) out += "  (" + std::to_string(t.numel() - finite) + " nan/inf)";
+  if (finite < v.numel()) out += "  (" + std::to_string(v.numel() - finite) + " nan/inf)";
   return out;
 }
 
 int run_cat(const CatOptions& options) {
-  const SnapshotReader reader = open(options.snapshot, {.verify = !options.no_verify});
+  const std::shared_ptr<const restore::MappedSnapshot> snap =
+      restore::MappedSnapshot::open(options.snapshot, !options.no_verify);
   std::string name = options.key;
   if (!options.object.empty()) {
-    format::check_object(reader.keys(), options.object, options.snapshot.string());
+    format::check_object(key_names(snap->manifest()), options.object, options.snapshot.string());
     name = options.object + "/" + options.key;
   }
-  const KeyView key = key_view(reader.manifest(), name, options.snapshot);
+  const KeyView key = key_view(snap->manifest(), name, options.snapshot);
   const TensorRecord& r = *key.pieces.front();
   std::optional<std::pair<int64_t, int64_t>> rows;
   std::string rows_text;
@@ -201,7 +220,7 @@ int run_cat(const CatOptions& options) {
     }
     rows_text = " rows [" + std::to_string(rows->first) + ", " + std::to_string(rows->second) + ")";
   }
-  const at::Tensor t = read_key(reader, options.snapshot, key, !options.no_verify, rows);
+  const Values t = read_key(*snap, key, rows);
   std::cout << "key:    " << key.name << rows_text << '\n'
             << "dtype:  " << dtype_string(r.dtype)
             << (r.source_dtype != r.dtype ? " (saved from " + dtype_string(r.source_dtype) + ")"
@@ -213,7 +232,7 @@ int run_cat(const CatOptions& options) {
   if (key.pieces.size() == 1 && !r.shard) {
     std::cout << "file:   " << r.file << " bytes [" << r.begin << ", " << r.end << ")\n";
   } else {
-    const Manifest& m = reader.manifest();
+    const Manifest& m = snap->manifest();
     std::cout << "stored: " << count_of(key.pieces.size(), "piece", "pieces")
               << (key.ranks(m).size() == 1 ? " (rank " : " (ranks ") << ranks_string(key.ranks(m))
               << ")\n";

@@ -1,7 +1,9 @@
 #pragma once
 // The subcommands of the `tsnap` tool. Each one lives in its own .cpp: `add_<name>` adds it to
 // the CLI11 app, binds its options, and returns a Command whose `run` does the work. A new
-// subcommand is one more file and one more line in main.cpp.
+// subcommand is one more file and one more line in main.cpp, or, when it makes tensors, in
+// torch_main.cpp and cli/app.h's kTorchCommands (`tsnap-torch` runs it; `tsnap` stays
+// torch-free).
 
 #include <functional>
 
@@ -27,8 +29,9 @@ Command add_inspect(CLI::App& app);
 Command add_verify(CLI::App& app);
 Command add_cat(CLI::App& app);
 Command add_diff(CLI::App& app);
-Command add_consolidate(CLI::App& app);
 Command add_export(CLI::App& app);
+// In tsnap-torch:
+Command add_consolidate(CLI::App& app);
 Command add_bench(CLI::App& app);
 
 }  // namespace tsnap::cli

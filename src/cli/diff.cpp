@@ -1,14 +1,13 @@
 // `tsnap diff A B`: which tensors of two snapshots differ and by how much. Like diff(1), it
 // exits 0 when they hold the same tensors with the same values and 1 when anything differs.
-// Tensors are read through the lazy reader (verified chunks) and compared in slices, bytes
-// first, so that equal tensors cost one memcmp and memory stays small. A key stored as pieces
+// Tensors are read from the snapshots' mappings (verified chunks, no LibTorch) and compared in
+// slices, bytes first, so that equal tensors cost one memcmp. A key stored as pieces
 // (a distributed save of sharded state) is compared whole, assembled from its pieces: so a
 // snapshot and its consolidated copy are identical.
 
-#include <ATen/ATen.h>
-
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -23,7 +22,6 @@
 #include "cli/keys.h"
 #include "cli/output.h"
 #include "format/layout.h"
-#include "tsnap/reader.h"
 
 namespace tsnap::cli {
 namespace {
@@ -41,10 +39,10 @@ struct DiffOptions {
 
 // The keys of one side: every key, or those of checkpoint object `object` without its prefix;
 // by the name shown, the key stored.
-std::map<std::string, std::string> side_keys(const SnapshotReader& r, const std::string& object,
+std::map<std::string, std::string> side_keys(const Manifest& m, const std::string& object,
                                              const fs::path& snapshot) {
   std::map<std::string, std::string> out;
-  const std::vector<std::string> keys = r.keys();
+  const std::vector<std::string> keys = key_names(m);
   if (!object.empty()) format::check_object(keys, object, snapshot.string());
   const std::string prefix = object.empty() ? "" : object + "/";
   for (const std::string& k : keys) {
@@ -60,23 +58,24 @@ struct Difference {
 
 // Compares two tensors of one shape element by element. nan equals nan here: a diff reports
 // changed values, and a nan that stayed a nan did not change.
-Difference compare(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor x = a.reshape({-1}), y = b.reshape({-1});
-  const bool same_dtype = a.scalar_type() == b.scalar_type();
+Difference compare(const Values& a, const Values& b) {
+  const bool same_dtype = a.dtype == b.dtype;
+  const int64_t n = a.numel();
   Difference d;
-  for (int64_t i = 0; i < x.numel(); i += kSlice) {
-    const int64_t n = std::min(kSlice, x.numel() - i);
-    const at::Tensor xs = x.narrow(0, i, n), ys = y.narrow(0, i, n);
-    if (same_dtype && std::memcmp(xs.data_ptr(), ys.data_ptr(), xs.nbytes()) == 0) continue;
-    const at::Tensor xd = xs.to(at::kDouble), yd = ys.to(at::kDouble);
-    const at::Tensor xn = xd.isnan(), yn = yd.isnan();
-    const at::Tensor abs = (xd - yd)
-                               .abs_()
-                               .masked_fill_(xd == yd, 0)
-                               .masked_fill_(xn & yn, 0)
-                               .masked_fill_(xn ^ yn, std::numeric_limits<double>::infinity());
-    d.max_abs = std::max(d.max_abs, abs.max().item<double>());
-    d.elements += (abs > 0).sum().item<int64_t>();
+  for (int64_t i = 0; i < n; i += kSlice) {
+    const int64_t m = std::min(kSlice, n - i);
+    if (same_dtype && std::memcmp(a.at(i), b.at(i), m * a.element_bytes()) == 0) continue;
+    for (int64_t j = i; j < i + m; ++j) {
+      const double x = a.real(j), y = b.real(j);
+      double abs = std::abs(x - y);
+      if (x == y || (std::isnan(x) && std::isnan(y))) {
+        abs = 0;
+      } else if (std::isnan(x) != std::isnan(y)) {
+        abs = std::numeric_limits<double>::infinity();
+      }
+      d.max_abs = std::max(d.max_abs, abs);
+      d.elements += abs > 0;
+    }
   }
   return d;
 }
@@ -88,11 +87,13 @@ std::string number(double v) {
 }
 
 int run_diff(const DiffOptions& options) {
-  const SnapshotReader ra = open(options.a, {.verify = !options.no_verify});
-  const SnapshotReader rb = open(options.b, {.verify = !options.no_verify});
-  const auto in_a = side_keys(ra, options.a_object.empty() ? options.object : options.a_object,
+  const auto ra = restore::MappedSnapshot::open(options.a, !options.no_verify);
+  const auto rb = restore::MappedSnapshot::open(options.b, !options.no_verify);
+  const auto in_a = side_keys(ra->manifest(),
+                              options.a_object.empty() ? options.object : options.a_object,
                               options.a);
-  const auto in_b = side_keys(rb, options.b_object.empty() ? options.object : options.b_object,
+  const auto in_b = side_keys(rb->manifest(),
+                              options.b_object.empty() ? options.object : options.b_object,
                               options.b);
   std::vector<std::string> keys;
   for (const auto& [k, stored] : in_a) keys.push_back(k);
@@ -115,8 +116,8 @@ int run_diff(const DiffOptions& options) {
       continue;
     }
     ++common;
-    const KeyView kx = key_view(ra.manifest(), in_a.at(k), options.a);
-    const KeyView ky = key_view(rb.manifest(), in_b.at(k), options.b);
+    const KeyView kx = key_view(ra->manifest(), in_a.at(k), options.a);
+    const KeyView ky = key_view(rb->manifest(), in_b.at(k), options.b);
     const TensorRecord &x = *kx.pieces.front(), &y = *ky.pieces.front();
     std::string dtypes;
     if (x.dtype != y.dtype)
@@ -128,8 +129,7 @@ int run_diff(const DiffOptions& options) {
       ++differ;
       continue;
     }
-    const Difference d = compare(read_key(ra, options.a, kx, !options.no_verify),
-                                 read_key(rb, options.b, ky, !options.no_verify));
+    const Difference d = compare(read_key(*ra, kx), read_key(*rb, ky));
     if (d.max_abs <= options.atol && dtypes.empty()) continue;
     table.add_row({"!", k,
                    "max abs diff " + number(d.max_abs) + " in " + std::to_string(d.elements) +

@@ -2,20 +2,21 @@
 // The keys of a snapshot as the tools show them: a key is stored whole (one record, written by
 // one rank: replicated state in a distributed save) or as pieces of a global tensor (sharded
 // state: one record per piece, each with its ShardSpec). Reading a key gives the whole tensor
-// either way: a key of one record through the lazy reader (a view of the mapping), a key of
-// several pieces assembled by tsnap::load_into (only the chunks under the wanted rows).
+// either way, without LibTorch: a key of one record as a view of the snapshot's mapping, a key
+// of several pieces assembled from them (only the chunks under the wanted rows are read).
 
-#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "restore/mapped_snapshot.h"
 #include "tsnap/manifest.h"
-#include "tsnap/reader.h"
 
 namespace tsnap::cli {
 
@@ -43,17 +44,36 @@ struct KeyView {
 
 /// Every key of `m`, in name order; pointers into `m`, which must outlive them.
 std::vector<KeyView> key_views(const Manifest& m);
+/// Every key name of `m`, once each, in name order.
+std::vector<std::string> key_names(const Manifest& m);
 /// Key `key` of `m`. Errors: InvalidArgument(kKeyNotFound) naming the key and `snapshot`.
 KeyView key_view(const Manifest& m, const std::string& key, const std::filesystem::path& snapshot);
 
 /// "0", "0-3", "0,2,5": a set of ranks (ascending) spelled shortly.
 std::string ranks_string(const std::vector<int>& ranks);
 
-/// Key `key` of the snapshot `snapshot` that `reader` reads, whole or, with `rows`, rows
-/// [first, second) along dimension 0, in its stored dtype; a key stored as several pieces is
-/// assembled. Errors: those of SnapshotReader::read and read_rows, and of tsnap::load_into.
-at::Tensor read_key(const SnapshotReader& reader, const std::filesystem::path& snapshot,
-                    const KeyView& key, bool verify,
-                    std::optional<std::pair<int64_t, int64_t>> rows = std::nullopt);
+/// A key's values as stored: dense, row-major, in the stored dtype; a view of the snapshot's
+/// mapping (valid while the MappedSnapshot lives) or a buffer of its own.
+struct Values {
+  at::ScalarType dtype = at::kFloat;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;
+  std::shared_ptr<const std::vector<uint8_t>> owned;
+  int64_t numel() const;
+  /// Element `i` (row-major) as a double: floating values as they are, integers converted,
+  /// bool as 0 or 1.
+  double real(int64_t i) const;
+  /// Element `i` of an integer or bool dtype.
+  int64_t integer(int64_t i) const;
+  /// Bytes of elements [begin, begin + n).
+  const uint8_t* at(int64_t begin) const { return data + begin * element_bytes(); }
+  uint64_t element_bytes() const;
+};
+
+/// Key `key` of `snap`, whole or, with `rows`, rows [first, second) along dimension 0, in its
+/// stored dtype; a key stored as several pieces is assembled. Errors: those of
+/// MappedSnapshot::bytes and read_box; InvalidArgument for rows outside the tensor.
+Values read_key(const restore::MappedSnapshot& snap, const KeyView& key,
+                std::optional<std::pair<int64_t, int64_t>> rows = std::nullopt);
 
 }  // namespace tsnap::cli

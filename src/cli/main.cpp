@@ -1,80 +1,54 @@
 // `tsnap`: the command-line tool. Parses the command line with CLI11 and runs one subcommand.
+// It links tsnap's torch-free core only, so that its read-only commands start at once; the
+// commands that make tensors (cli/app.h, kTorchCommands) run in `tsnap-torch`, found next to
+// this program, which gets the same command line.
 //
 // Exit status: 0 success; 1 an operation failed (I/O or format error, verification failed);
 // 2 the command line could not be parsed.
 
-#include <c10/util/Exception.h>
-#include <torch/version.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <exception>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "cli/app.h"
 #include "cli/commands.h"
-#include "cli/output.h"
-#include "tsnap/error.h"
-#include "tsnap/manifest.h"
-
-// The tsnap version comes from the build (CMake's project version).
-#ifndef TSNAP_VERSION_STRING
-#define TSNAP_VERSION_STRING "unknown"
-#endif
 
 namespace tsnap::cli {
 namespace {
 
-std::string version_text() {
-  return std::string("tsnap ") + TSNAP_VERSION_STRING + " (snapshot format v" +
-         std::to_string(kFormatVersion) + ", LibTorch " + TORCH_VERSION + ")";
-}
-
-std::string usage_error(const CLI::App* app, const CLI::Error& e) {
-  return std::string("tsnap: error: ") + e.what() + "\nRun 'tsnap --help' for usage.\n";
-}
-
-int report(const char* message) {
-  std::cerr << "tsnap: error: " << plain_message(message) << '\n';
+// Replaces this process with `tsnap-torch` from this program's directory, same arguments.
+int run_torch_tool(char** argv) {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const std::filesystem::path tool = (ec ? std::filesystem::path(argv[0]) : self)
+                                         .parent_path() / "tsnap-torch";
+  ::execv(tool.c_str(), argv);
+  std::cerr << "tsnap: error: '" << argv[1] << "' runs " << tool.string() << ", which "
+            << (errno == ENOENT ? "is not there (install tsnap's tools together)"
+                                : std::string("cannot run: ") + std::strerror(errno))
+            << '\n';
   return kExitFailed;
 }
 
-// Runs a parsed subcommand; every failure becomes a one-line message and exit status 1.
-int run_guarded(const Command& command) {
-  try {
-    return command.run();
-  } catch (const Error& e) {
-    return report(e.what());
-  } catch (const c10::Error& e) {
-    return report(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return report(e.what());
-  }
-}
-
 int main_impl(int argc, char** argv) {
-  CLI::App app("Inspect and verify tsnap snapshots.", "tsnap");
-  app.failure_message(usage_error);
-  app.set_version_flag("--version", version_text(), "Print the version and exit");
-  app.require_subcommand(1);
+  if (argc > 1) {
+    for (const TorchCommand& c : kTorchCommands) {
+      if (std::strcmp(argv[1], c.name) == 0) return run_torch_tool(argv);
+    }
+  }
+  CLI::App app;
+  configure(app);
   const std::vector<Command> commands = {
-      add_ls(app),   add_inspect(app), add_verify(app),      add_cat(app),
-      add_diff(app), add_bench(app),   add_consolidate(app), add_export(app),
+      add_ls(app), add_inspect(app), add_verify(app), add_cat(app), add_diff(app), add_export(app),
   };
-  app.footer(
-      "Run 'tsnap SUBCOMMAND --help' for a subcommand's options.\n"
-      "Exit status: 0 ok, 1 failed (error or verification failure), 2 usage error.");
-
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    // --help and --version arrive here too, with exit code 0.
-    return app.exit(e) == 0 ? kExitOk : kExitUsage;
-  }
-  for (const Command& command : commands) {
-    if (command.app->parsed()) return run_guarded(command);
-  }
-  return kExitUsage;  // unreachable: require_subcommand(1)
+  for (const TorchCommand& c : kTorchCommands) app.add_subcommand(c.name, c.summary);
+  return parse_and_run(app, commands, argc, argv);
 }
 
 }  // namespace

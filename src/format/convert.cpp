@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "format/dtype.h"
 #include "tsnap/error.h"
 
 namespace tsnap::format {
@@ -112,7 +113,7 @@ void cast_from(const void* src, void* dst, at::ScalarType to, size_t n) {
 
 void convert(const void* src, at::ScalarType from, void* dst, at::ScalarType to, size_t n) {
   if (from == to) {
-    std::memcpy(dst, src, n * c10::elementSize(from));
+    std::memcpy(dst, src, n * element_size(from));
     return;
   }
   if (from == at::kFloat && to == at::kBFloat16) {

@@ -1,7 +1,8 @@
 // tsnap::export_hf: a snapshot as a Hugging Face model directory (include/tsnap/hf_export.h).
 //
 // Durable-write protocol:
-//   1. load the selected keys (tsnap::load: every chunk verified, pieces assembled);
+//   1. map the selected keys (every chunk verified, pieces assembled; a key kept in its stored
+//      dtype is written straight from the mapping, others from a buffer of their own);
 //   2. make ".<out>.hf-tmp-<id>" next to `out`; write each file there with plain buffered
 //      writes (header from format::build_header, then the tensors' bytes), fsync and close it;
 //   3. write model.safetensors.index.json the same way when there are several files;
@@ -13,7 +14,6 @@
 
 #include "tsnap/hf_export.h"
 
-#include <ATen/ATen.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <unistd.h>
@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -28,10 +29,13 @@
 
 #include "common/remove_tree.h"
 #include "common/sys_error.h"
+#include "format/convert.h"
 #include "format/dtype.h"
 #include "format/layout.h"
 #include "format/safetensors.h"
 #include "io/fd.h"
+#include "restore/mapped_snapshot.h"
+#include "restore/reshard.h"
 #include "tsnap/load.h"
 #include "tsnap/manifest.h"
 
@@ -40,13 +44,22 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct OutFile {
-  std::string name;
-  std::vector<std::pair<std::string, at::Tensor>> tensors;  // in data order
-  uint64_t bytes = 0;
+// One tensor of the export: a view of the snapshot's mapping, or a buffer of its own (a key
+// assembled from pieces, or converted).
+struct OutTensor {
+  std::string key;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;
+  uint64_t nbytes = 0;
+  std::shared_ptr<std::vector<uint8_t>> owned;
 };
 
-uint64_t nbytes_of(const at::Tensor& t) { return static_cast<uint64_t>(t.nbytes()); }
+struct OutFile {
+  std::string name;
+  std::vector<OutTensor> tensors;  // in data order
+  uint64_t bytes = 0;
+};
 
 // Writes all of `data` at the current position of `fd`, retrying EINTR and short writes.
 void write_all(int fd, const char* data, uint64_t len, const fs::path& file, uint64_t* offset) {
@@ -86,16 +99,15 @@ void fsync_dir(const fs::path& dir) {
 void write_safetensors(const fs::path& path, const OutFile& file) {
   std::vector<format::HeaderTensor> header;
   uint64_t at = 0;
-  for (const auto& [key, t] : file.tensors) {
-    const uint64_t n = nbytes_of(t);
-    header.push_back({key, t.scalar_type(), t.sizes().vec(), at, at + n});
-    at += n;
+  for (const OutTensor& t : file.tensors) {
+    header.push_back({t.key, t.dtype, t.shape, at, at + t.nbytes});
+    at += t.nbytes;
   }
   const std::string head = format::build_header(header, {{"format", "pt"}});
   write_file(path, [&](int fd, uint64_t* offset) {
     write_all(fd, head.data(), head.size(), path, offset);
-    for (const auto& [key, t] : file.tensors) {
-      write_all(fd, static_cast<const char*>(t.data_ptr()), nbytes_of(t), path, offset);
+    for (const OutTensor& t : file.tensors) {
+      write_all(fd, reinterpret_cast<const char*>(t.data), t.nbytes, path, offset);
     }
   });
 }
@@ -112,42 +124,78 @@ std::string hf_name(size_t i, size_t n) {
 // transformers' save_pretrained does; a tensor larger than the limit gets a file of its own.
 // Within a file the tensors are ordered by element size (largest first), then name, so that
 // each is aligned to its element size (the header pads the data start to 4096).
-std::vector<OutFile> split(StateDict& state, uint64_t max_shard_size) {
+std::vector<OutFile> split(std::vector<OutTensor> tensors, uint64_t max_shard_size) {
   std::vector<OutFile> files;
-  for (auto& [key, entry] : state) {
-    const uint64_t n = nbytes_of(entry.tensor);
+  for (OutTensor& t : tensors) {
     if (files.empty() ||
-        (!files.back().tensors.empty() && files.back().bytes + n > max_shard_size)) {
+        (!files.back().tensors.empty() && files.back().bytes + t.nbytes > max_shard_size)) {
       files.emplace_back();
     }
-    files.back().tensors.emplace_back(key, entry.tensor);
-    files.back().bytes += n;
+    files.back().bytes += t.nbytes;
+    files.back().tensors.push_back(std::move(t));
   }
   if (files.empty()) files.emplace_back();  // an empty state still gets its (empty) file
   for (OutFile& f : files) {
     std::stable_sort(f.tensors.begin(), f.tensors.end(), [](const auto& a, const auto& b) {
-      return a.second.element_size() > b.second.element_size();
+      return format::element_size(a.dtype) > format::element_size(b.dtype);
     });
   }
   for (size_t i = 0; i < files.size(); ++i) files[i].name = hf_name(i, files.size());
   return files;
 }
 
-// Prepares the loaded state: whole tensors only, converted to the requested dtype, contiguous.
-void prepare(StateDict& state, const fs::path& snapshot, const HfExportOptions& options) {
-  for (auto& [key, entry] : state) {
-    if (entry.shard && entry.shard->global_shape != entry.tensor.sizes().vec()) {
+// The selected keys (those of options.object, without its prefix), read from `snap` (every
+// chunk verified): whole tensors only (a key stored as pieces assembled), converted to the
+// requested dtype. Keys stay in manifest (name) order.
+std::vector<OutTensor> read_tensors(const restore::MappedSnapshot& snap, const fs::path& snapshot,
+                                    const HfExportOptions& options) {
+  const std::string prefix = options.object.empty() ? "" : options.object + "/";
+  const Manifest& m = snap.manifest();
+  std::vector<OutTensor> out;
+  for (size_t i = 0; i < m.tensors.size();) {
+    const TensorRecord& r = m.tensors[i];
+    std::vector<const TensorRecord*> pieces;
+    for (; i < m.tensors.size() && m.tensors[i].name == r.name; ++i) {
+      pieces.push_back(&m.tensors[i]);
+    }
+    if (!prefix.empty() &&
+        (r.name.size() <= prefix.size() || r.name.compare(0, prefix.size(), prefix) != 0)) {
+      continue;
+    }
+    const std::vector<int64_t>& global = restore::global_shape_of(r);
+    if (pieces.size() == 1 && r.shard && global != r.shape) {
       throw_error(ErrorCode::kUnsupported,
-                  "tensor '" + key + "' of " + snapshot.string() +
+                  "tensor '" + r.name + "' of " + snapshot.string() +
                       " holds only a piece of its global tensor (a rank's part without its "
                       "peers'): it cannot be exported");
     }
-    at::Tensor t = entry.tensor;
-    if (options.dtype && format::is_floating(t.scalar_type())) t = t.to(*options.dtype);
-    entry.tensor = t.contiguous();
+    const std::optional<uint64_t> nbytes = format::checked_nbytes(r.dtype, global);
+    if (!nbytes) {
+      throw_error(ErrorCode::kBadManifest, "tensor '" + r.name + "' of " + snapshot.string() +
+                                               " has a global shape too large to hold");
+    }
+    OutTensor t{r.name.substr(prefix.size()), r.dtype, global, nullptr, *nbytes, nullptr};
+    if (pieces.size() == 1) {
+      t.data = snap.bytes(r, r.begin, r.end);
+    } else {
+      t.owned = std::make_shared<std::vector<uint8_t>>(*nbytes);
+      snap.read_box(pieces, {std::vector<int64_t>(global.size(), 0), global}, t.owned->data());
+      t.data = t.owned->data();
+    }
+    if (options.dtype && format::is_floating(r.dtype) && *options.dtype != r.dtype) {
+      const uint64_t n = *nbytes / format::element_size(r.dtype);
+      auto converted =
+          std::make_shared<std::vector<uint8_t>>(n * format::element_size(*options.dtype));
+      format::convert(t.data, r.dtype, converted->data(), *options.dtype, n);
+      t.owned = std::move(converted);
+      t.data = t.owned->data();
+      t.dtype = *options.dtype;
+      t.nbytes = t.owned->size();
+    }
+    out.push_back(std::move(t));
   }
+  return out;
 }
-
 
 // Whether the snapshot's shard files can be the export's files as they are: every key whole
 // and kept in its stored dtype, every file within max_shard_size.
@@ -215,18 +263,17 @@ bool link_shards(const fs::path& snapshot, const Manifest& m, const fs::path& tm
 // Steps 2-3 without links: loads the selected keys and writes them as new files into `tmp`.
 void write_copies(const fs::path& snapshot, const fs::path& tmp, const HfExportOptions& options,
                   HfExportResult& result) {
-  LoadOptions load_options;
-  if (!options.object.empty()) load_options.key_prefix = options.object + "/";
-  StateDict state = load(snapshot, load_options);
-  prepare(state, snapshot, options);
-  const std::vector<OutFile> files = split(state, options.max_shard_size);
+  const std::shared_ptr<const restore::MappedSnapshot> snap =
+      restore::MappedSnapshot::open(snapshot, /*verify=*/true);
+  const std::vector<OutFile> files =
+      split(read_tensors(*snap, snapshot, options), options.max_shard_size);
   std::map<std::string, std::string> file_of;
   for (const OutFile& f : files) {
     write_safetensors(tmp / f.name, f);
     result.files.push_back(f.name);
     result.total_size += f.bytes;
     result.tensors += f.tensors.size();
-    for (const auto& kt : f.tensors) file_of[kt.first] = f.name;
+    for (const OutTensor& t : f.tensors) file_of[t.key] = f.name;
   }
   if (files.size() > 1) {
     write_index(tmp, file_of, result.total_size);

@@ -15,7 +15,6 @@
 #include "restore/read_plan.h"
 #include "restore/read_snapshot.h"
 #include "restore/s3_fetch.h"
-#include "restore/shard_reader.h"
 #include "stage/hot_image.h"
 #include "tsnap/error.h"
 #include "tsnap/hot_snapshot.h"
@@ -401,42 +400,6 @@ LoadReport load_into(const HotSnapshot& snapshot, StateDict& dest, const LoadOpt
   const auto t0 = std::chrono::steady_clock::now();
   const std::shared_ptr<stage::HotImage> image = detail::HotAccess::pin(snapshot);
   return load_into_from(hot_source(*image), dest, options, t0);
-}
-
-std::vector<BadChunk> verify(const std::filesystem::path& path) {
-  if (format::is_s3(path)) return restore::verify_s3(path.native());
-  return restore::read_snapshot(path, [](const format::SnapshotDir& dir) {
-    const Manifest m = format::read_manifest_in(dir);
-    // Every shard is opened first: a shard gone because the name was overwritten meanwhile
-    // starts the verification over on the new snapshot instead of reporting it.
-    std::vector<std::unique_ptr<restore::ShardReader>> readers(m.files.size());
-    std::vector<BadChunk> bad;
-    for (size_t i = 0; i < m.files.size(); ++i) {
-      try {
-        readers[i] = std::make_unique<restore::ShardReader>(dir, m.files[i], m);
-      } catch (const Error& e) {
-        if (restore::lost_to_overwrite(e, dir)) throw;
-        bad.push_back({m.files[i].name, 0, 0, e.what()});
-      }
-    }
-    for (size_t i = 0; i < m.files.size(); ++i) {
-      if (!readers[i]) continue;
-      const FileRecord& f = m.files[i];
-      restore::ShardReader& reader = *readers[i];
-      std::vector<uint8_t> buf(reader.chunk_length(0));
-      for (uint64_t c = 0; c < f.chunk_hashes.size(); ++c) {
-        try {
-          const uint64_t len = reader.read_chunk(c, buf.data(), /*verify=*/false);
-          if (!reader.chunk_ok(c, buf.data(), len)) {
-            bad.push_back({f.name, c, c * f.chunk_bytes, "hash mismatch"});
-          }
-        } catch (const Error& e) {
-          bad.push_back({f.name, c, c * f.chunk_bytes, e.what()});
-        }
-      }
-    }
-    return bad;
-  });
 }
 
 }  // namespace tsnap

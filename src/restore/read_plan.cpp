@@ -4,6 +4,7 @@
 #include <map>
 #include <utility>
 
+#include "format/dtype.h"
 #include "tsnap/error.h"
 
 namespace tsnap::restore {
@@ -17,7 +18,7 @@ uint64_t Target::stored_bytes() const {
   if (runs.empty()) return record->nbytes();
   uint64_t n = 0;
   for (const Run& r : runs) n += r.n;
-  return n * c10::elementSize(record->dtype);
+  return n * format::element_size(record->dtype);
 }
 
 RecordIndex index_records(const Manifest& manifest) {
@@ -42,7 +43,7 @@ ReadPlan plan_reads(const Manifest& manifest, const std::vector<Target>& targets
   for (size_t i = 0; i < targets.size(); ++i) {
     const TensorRecord& t = *targets[i].record;
     if (t.begin == t.end) continue;
-    const size_t elem = c10::elementSize(t.dtype);
+    const size_t elem = format::element_size(t.dtype);
     if (targets[i].dtype != t.dtype && t.begin % elem != 0) {
       throw_error(ErrorCode::kBadOffsets,
                   "tensor '" + t.name + "' starts at offset " + std::to_string(t.begin) + " of " +
