@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <utility>
 
+#include "common/hex.h"
+
 namespace tsnap::detail {
 
 std::string count_of(uint64_t n, const std::string& singular, const std::string& plural) {
@@ -66,12 +68,8 @@ std::string escaped(const std::string& cell) {
     if (!is_control(cp)) {
       out.append(cell, i, len);
     } else {
-      static const char kHex[] = "0123456789abcdef";
       for (size_t k = i; k < i + len; ++k) {
-        const auto u = static_cast<unsigned char>(cell[k]);
-        out += "\\x";
-        out += kHex[u >> 4];
-        out += kHex[u & 15];
+        detail::append_escaped_byte(out, static_cast<unsigned char>(cell[k]));
       }
     }
     i += len;

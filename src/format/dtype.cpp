@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 
+#include "common/hex.h"
 #include "tsnap/error.h"
 
 namespace tsnap::format {
@@ -85,12 +86,11 @@ std::optional<uint64_t> checked_nbytes(at::ScalarType t,
 }
 
 std::string printable(std::string_view text, size_t max) {
-  static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
   for (char c : text.substr(0, max)) {
     const auto u = static_cast<unsigned char>(c);
     if (u < 0x20 || u == 0x7f) {
-      out += {'\\', 'x', kHex[u >> 4], kHex[u & 15]};
+      detail::append_escaped_byte(out, u);
     } else {
       out += c;
     }

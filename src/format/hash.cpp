@@ -1,10 +1,11 @@
 #include "format/hash.h"
 
-#include <cstdio>
 #include <new>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
+
+#include "common/hex.h"
 
 namespace tsnap::format {
 
@@ -26,9 +27,7 @@ uint64_t hash64(const void* data, size_t n) noexcept {
 }
 
 std::string hash_hex(uint64_t hash) {
-  char text[17];
-  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(hash));
-  return text;
+  return detail::hex64(hash);
 }
 
 Hash64Stream::Hash64Stream() : state_(XXH3_createState()) {

@@ -2,6 +2,7 @@
 
 #include <charconv>
 
+#include "common/hex.h"
 #include "format/dtype.h"
 #include "tsnap/error.h"
 
@@ -39,7 +40,7 @@ void append_int(std::string& out, Int v) {
 }  // namespace
 
 void append_json_string(std::string& out, std::string_view s) {
-  static constexpr char kHex[] = "0123456789abcdef";
+  constexpr const char* kHex = detail::kHexDigits;
   out += '"';
   size_t run = 0;  // Start of the bytes not yet appended: copied in runs, not byte by byte.
   for (size_t i = 0; i < s.size();) {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "common/hex.h"
 #include "common/shape.h"
 #include "format/dtype.h"
 #include "format/hash.h"
@@ -196,12 +197,7 @@ std::string manifest_to_text(const Manifest& m) {
     }
     w.key("chunk_hashes");
     w.begin_array();
-    for (uint64_t h : f->chunk_hashes) {
-      static constexpr char kHex[] = "0123456789abcdef";
-      char buf[16];
-      for (int i = 0; i < 16; ++i) buf[i] = kHex[(h >> (60 - 4 * i)) & 0xF];
-      w.string(std::string_view(buf, sizeof buf));
-    }
+    for (uint64_t h : f->chunk_hashes) w.string(detail::hex64(h));
     w.end_array();
     w.end_object();
   }

@@ -15,6 +15,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/hex.h"
 #include "tsnap/error.h"
 
 namespace tsnap::io {
@@ -71,16 +72,6 @@ std::string env(const char* name) {
   return v ? v : "";
 }
 
-std::string hex(const unsigned char* p, size_t n) {
-  static const char* digits = "0123456789abcdef";
-  std::string s(2 * n, '0');
-  for (size_t i = 0; i < n; ++i) {
-    s[2 * i] = digits[p[i] >> 4];
-    s[2 * i + 1] = digits[p[i] & 15];
-  }
-  return s;
-}
-
 // MD5 (Content-MD5, ETags) or SHA-256 (x-amz-content-sha256) of a buffer.
 std::string digest(const EVP_MD* md, const void* data, size_t n, bool base64) {
   unsigned char d[EVP_MAX_MD_SIZE];
@@ -88,7 +79,7 @@ std::string digest(const EVP_MD* md, const void* data, size_t n, bool base64) {
   if (EVP_Digest(data, n, d, &len, md, nullptr) != 1) {
     throw_error(ErrorCode::kInternal, "OpenSSL could not compute a digest");
   }
-  if (!base64) return hex(d, len);
+  if (!base64) return detail::hex_bytes(d, len);
   unsigned char b64[4 * ((EVP_MAX_MD_SIZE + 2) / 3) + 1];
   const int m = EVP_EncodeBlock(b64, d, static_cast<int>(len));
   return std::string(reinterpret_cast<char*>(b64), static_cast<size_t>(m));
