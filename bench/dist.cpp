@@ -176,7 +176,7 @@ int run_dist_rank(const BenchOptions& o) {
     Barrier barrier(group);
     Snapshotter snap(so);
     out["engine"] = snap.engine_name();
-    out["budget"] = so.staging_budget_bytes;
+    out["budget"] = so.staging.budget_bytes;
     out["state_bytes"] = bytes;
     out["tensors"] = state.size();
     nlohmann::json saves = nlohmann::json::array();
@@ -306,9 +306,9 @@ DistPoint DistRunner::run(int world) {
     const SnapshotterOptions so = snapshotter_options(o_, p.state_bytes, work_);
     raw_ = std::make_unique<RawIo>(RawIoOptions{
         .uring = p.engine.rfind("io_uring", 0) == 0,
-        .depth = so.queue_depth,
+        .depth = so.io.queue_depth,
         .chunk = so.chunk_bytes,
-        .buffers = static_cast<size_t>(std::max<unsigned>(2, std::min(so.queue_depth, 32u)))});
+        .buffers = static_cast<size_t>(std::max<unsigned>(2, std::min(so.io.queue_depth, 32u)))});
   }
   for (int i = 0; i < o_.reps; ++i) {
     progress_.show("[" + p.label() + "] raw write " + std::to_string(i + 1) + "/" +

@@ -213,25 +213,25 @@ SnapshotterOptions snapshotter_options(const BenchOptions& o, uint64_t output_by
   SnapshotterOptions so;
   so.root = root;
   so.chunk_bytes = parse_size(o.chunk);
-  so.staging_budget_bytes = o.budget == "auto"
+  so.staging.budget_bytes = o.budget == "auto"
                                 ? (output_bytes / so.chunk_bytes + 2) * so.chunk_bytes
                                 : parse_size(o.budget);
-  so.stage_threads = o.threads;
-  so.queue_depth = o.depth;
-  so.engine = o.engine == "uring"    ? EngineKind::kUring
-              : o.engine == "pwrite" ? EngineKind::kPwrite
-                                     : EngineKind::kAuto;
-  so.direct_io = o.direct == "on";
+  so.staging.threads = o.threads;
+  so.io.queue_depth = o.depth;
+  so.io.engine = o.engine == "uring"    ? EngineKind::kUring
+                 : o.engine == "pwrite" ? EngineKind::kPwrite
+                                        : EngineKind::kAuto;
+  so.io.direct_io = o.direct == "on";
   so.max_in_flight = 1;
   so.background_priority = o.priority == "background";
   return so;
 }
 
 void apply_sweep_value(const std::string& param, const std::string& value, SnapshotterOptions* so) {
-  if (param == "threads") so->stage_threads = std::stoi(value);
-  if (param == "depth") so->queue_depth = static_cast<unsigned>(std::stoul(value));
+  if (param == "threads") so->staging.threads = std::stoi(value);
+  if (param == "depth") so->io.queue_depth = static_cast<unsigned>(std::stoul(value));
   if (param == "chunk") so->chunk_bytes = parse_size(value);
-  if (param == "budget") so->staging_budget_bytes = parse_size(value);
+  if (param == "budget") so->staging.budget_bytes = parse_size(value);
 }
 
 int run_program(int argc, char** argv, const std::string& name, const std::string& description,

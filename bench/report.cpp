@@ -365,7 +365,7 @@ void plot_timeline(const BenchOptions& o, const Timeline& tl, const fs::path& wo
 void print_save_report(const SaveBenchResult& result) {
   const PointSpec& spec = result.spec;
   const PointResult& r = result.point;
-  const double budget_mib = spec.snapshotter.staging_budget_bytes / 1048576.0;
+  const double budget_mib = spec.snapshotter.staging.budget_bytes / 1048576.0;
   auto row = [&](const char* name, const char* key) {
     print_row(34, name, r.get(key).s, r.get(key).bytes);
   };

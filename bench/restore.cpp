@@ -33,11 +33,11 @@ RestoreResult run_restore(const RestoreSpec& spec, StateDict& state, const fs::p
   HotSnapshot hot;
   if (spec.hot) {
     // One save: a budget of one snapshot (its chunks, and a partial one per shard) is enough.
-    keeper = std::make_unique<Snapshotter>(
-        SnapshotterOptions{.root = work,
-                           .staging_budget_bytes = (state.nbytes() / spec.chunk + 8) * spec.chunk,
-                           .chunk_bytes = spec.chunk,
-                           .keep_hot = true});
+    keeper = std::make_unique<Snapshotter>(SnapshotterOptions{
+        .root = work,
+        .chunk_bytes = spec.chunk,
+        .staging = {.budget_bytes = (state.nbytes() / spec.chunk + 8) * spec.chunk,
+                    .keep_hot = true}});
     keeper->save_async(snap.filename().string(), state).wait();
     hot = keeper->hot_snapshot();
     if (!hot) throw_error(ErrorCode::kInternal, "the benchmark's save kept no hot snapshot");

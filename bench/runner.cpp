@@ -97,23 +97,23 @@ PointResult SaveRunner::run(const PointSpec& spec, size_t index) {
     first_stall = h.stats().stall_s;
     detail::remove_tree(h.path().string());
   }
-  const double pool_baseline = memset_first_touch(so.staging_budget_bytes);
+  const double pool_baseline = memset_first_touch(so.staging.budget_bytes);
   r.rss_after_pool_kib = rss_kib();
   r.engine = snap.engine_name();
   const bool direct = r.engine.find("O_DIRECT") != std::string::npos;
   // Only `depth` transfers are ever in flight: more buffers would only cost memory.
   RawIo raw(
       {.uring = r.engine.rfind("io_uring", 0) == 0,
-       .depth = so.queue_depth,
+       .depth = so.io.queue_depth,
        .chunk = so.chunk_bytes,
        .buffers = static_cast<size_t>(std::max<uint64_t>(
-           2, std::min<uint64_t>(so.queue_depth, so.staging_budget_bytes / so.chunk_bytes)))});
+           2, std::min<uint64_t>(so.io.queue_depth, so.staging.budget_bytes / so.chunk_bytes)))});
   r.m = measures(spec, state_, direct);
   r.get("construct").s.add(make_s);
-  r.get("construct").bytes = static_cast<double>(so.staging_budget_bytes);
+  r.get("construct").bytes = static_cast<double>(so.staging.budget_bytes);
   r.get("first_stall").s.add(first_stall);
   r.get("first_touch").s.add(pool_baseline);
-  r.get("first_touch").bytes = static_cast<double>(so.staging_budget_bytes);
+  r.get("first_touch").bytes = static_cast<double>(so.staging.budget_bytes);
   const uint64_t in_bytes = output_bytes(state_, std::nullopt);
   uint64_t floor_bytes = 0;
   for (const auto& d : spec.dtypes) floor_bytes = std::max(floor_bytes, output_bytes(state_, d));

@@ -102,8 +102,8 @@ int main(int argc, char** argv) {
   {
     tsnap::SnapshotterOptions o;
     o.root = local;
-    o.durable_root = durable;
-    o.local_keep_last = 0;
+    o.tier.durable_root = durable;
+    o.tier.local_keep_last = 0;
     tsnap::Snapshotter snap(o);
     double last_drain = 0;
     snap.add_drain_listener([&](const tsnap::DrainRecord& r) {

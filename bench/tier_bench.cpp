@@ -1,6 +1,6 @@
 // The durable tier's benchmark: saving one state (a) directly to a slow
 // directory and (b) to a fast local directory with the drain to the slow one
-// (SnapshotterOptions::durable_root). For each, per repetition:
+// (SnapshotterOptions::tier.durable_root). For each, per repetition:
 //   stall    how long save_async blocked the caller;
 //   commit   call -> the snapshot is committed where the Snapshotter writes (slow root for (a),
 //            local root for (b)): when the handle completes, and when the next save may start
@@ -74,11 +74,11 @@ int main(int argc, char** argv) {
     const fs::path durable = slow / "tier-durable";
     tsnap::SnapshotterOptions o;
     o.root = root;
-    o.staging_budget_bytes = budget_mib << 20;
+    o.staging.budget_bytes = budget_mib << 20;
     o.max_in_flight = 1;
     if (tier) {
-      o.durable_root = durable;
-      o.local_keep_last = 0;
+      o.tier.durable_root = durable;
+      o.tier.local_keep_last = 0;
     }
     tsnap::Snapshotter snap(o);
     Figures f;

@@ -146,7 +146,7 @@ int child_run(const Args& args) {
   if (!args.root.empty()) {
     tsnap::SnapshotterOptions options;
     options.root = args.root;
-    options.staging_budget_bytes = 64ull << 20;
+    options.staging.budget_bytes = 64ull << 20;
     options.chunk_bytes = 4ull << 20;
     snapshotter = std::make_unique<tsnap::Snapshotter>(options);
     tsnap::Schedule schedule({.every_steps = args.every,

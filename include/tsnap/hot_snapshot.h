@@ -1,13 +1,14 @@
 #pragma once
 /// \file
 /// `tsnap::HotSnapshot`: the last snapshot a Snapshotter committed, still in its staging buffers
-/// (`SnapshotterOptions::keep_hot`), which `tsnap::load` and `tsnap::load_into` (tsnap/load.h) and
-/// `tsnap::load_checkpoint` (tsnap/checkpoint.h) read without touching the disk: roll training
-/// back a few steps after a NaN loss or a caught exception while the process is alive.
+/// (`SnapshotterOptions::staging.keep_hot`), which `tsnap::load` and `tsnap::load_into`
+/// (tsnap/load.h) and `tsnap::load_checkpoint` (tsnap/checkpoint.h) read without touching the disk:
+/// roll training back a few steps after a NaN loss or a caught exception while the process is
+/// alive.
 /// ```
 /// tsnap::SnapshotterOptions options;
 /// options.root = "ckpt";
-/// options.keep_hot = true;
+/// options.staging.keep_hot = true;
 /// tsnap::Snapshotter snap(options);
 /// ...
 /// if (!std::isfinite(loss.item<double>())) {

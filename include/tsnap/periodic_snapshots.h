@@ -136,7 +136,7 @@ struct TSNAP_API PeriodicOptions {
 /// snapshot commits, and deletes crash-safely (rename to a temporary name, then remove), so a
 /// crash at any moment leaves at least one complete snapshot. Stale temporaries of crashed
 /// writers are removed when a Snapshotter starts alone on the root (a `flock` on the root).
-/// With a two-tier Snapshotter (SnapshotterOptions::durable_root) retention runs after each
+/// With a two-tier Snapshotter (SnapshotterOptions::tier.durable_root) retention runs after each
 /// drain instead, on the drain thread: the keep rules on the durable root, then on the local
 /// root, where a snapshot not drained yet is never deleted (the Snapshotter's local_keep_last
 /// applies there too). `resume` considers both roots (on a tie the local copy; the durable copy

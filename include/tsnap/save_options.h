@@ -56,7 +56,7 @@ struct TSNAP_API SaveOptions {
   bool overwrite = false;
   /// See `Staging`.
   Staging staging = Staging::kEager;
-  /// Number of shard files; 0 picks one per ~1 GiB, at least one per writer thread when large.
+  /// Number of shard files; 0 picks one per ~1 GiB, at most the Snapshotter's io.threads.
   /// Incremental saves pick their own files (see `incremental`) and ignore it.
   int num_shards = 0;
   /// Chunk size in bytes (multiple of 4096); 0 takes the Snapshotter's.

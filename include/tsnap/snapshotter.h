@@ -24,43 +24,45 @@ namespace tsnap {
 class Checkpoint;
 class DistGroup;
 
-/// Options of a Snapshotter; fixed for its lifetime.
-struct TSNAP_API SnapshotterOptions {
-  std::filesystem::path root;  ///< Snapshots go to `<root>/<name>/`.
+/// The staging buffers: where a save's bytes wait between the copy and the disk
+/// (SnapshotterOptions::staging).
+struct TSNAP_API StagingOptions {
   /// Total size of the staging buffers, allocated once and reused by every save. 0 (default):
   /// automatic, sized at the first save to hold that save whole (its chunks), so that it
   /// stalls training for the staging copy alone, but at most a quarter of the machine's
   /// physical memory and at least 2 chunks; fixed from then on. A later, larger save waits
   /// for buffers that writes give back (SaveStats::buffer_waits, and the periodic log line).
-  uint64_t staging_budget_bytes = 0;
-  uint64_t chunk_bytes = 16ull << 20;  ///< Default chunk size (multiple of 4096).
+  uint64_t budget_bytes = 0;
   /// TBB arena size for copy/convert/hash. 0: every core for eager staging (the caller waits
   /// for it: the copy is the stall) and half of them (>= 1) for lazy staging (which overlaps
   /// the training).
-  int stage_threads = 0;
-  int io_threads = 4;         ///< Threads of the pwrite engine (and for fsyncs).
+  int threads = 0;
+  /// Keep the last committed snapshot's staged bytes in the staging pool (a hot snapshot,
+  /// tsnap/hot_snapshot.h), so that `hot_snapshot()` can roll back from memory without reading
+  /// the disk. A save's buffers then stay with it until it commits, and its image replaces the
+  /// previous one; a save that finds no free buffer evicts the hot image (and, if still
+  /// starved, gives up keeping its own), so keeping never blocks a save for long. With the
+  /// automatic budget the pool is sized for two snapshots (within the same cap), so the image
+  /// survives the next save. With `group`, each rank's image holds everything that rank
+  /// restores: its pieces and every replicated entry, including those other ranks write (staged
+  /// too, so the stall copies the whole replicated state on every rank, and hashed for the
+  /// image only); its `manifest()` is that rank's view (see HotSnapshot).
+  bool keep_hot = false;
+};
+
+/// The write engine (SnapshotterOptions::io).
+struct TSNAP_API IoOptions {
+  /// Threads of the pwrite engine (and for fsyncs). Also the most shard files a save with an
+  /// automatic count (SaveOptions::num_shards = 0) writes: one per ~1 GiB, at most `threads`.
+  int threads = 4;
   unsigned queue_depth = 32;  ///< io_uring submission queue depth.
   EngineKind engine = EngineKind::kAuto;
   bool direct_io = true;  ///< Use O_DIRECT where allowed.
-  int max_in_flight = 2;  ///< Saves that may be writing at once.
-  /// Default of SaveOptions::incremental for this Snapshotter's saves.
-  bool incremental = false;
-  InFlightPolicy in_flight = InFlightPolicy::kWait;
-  /// Run the threads that work beside training (the io thread, which writes and hashes the
-  /// chunks; the pwrite pool; the pool that commits and runs lazy staging) at a lower CPU
-  /// priority (nice +10) and I/O priority (best-effort, lowest level), so that a training
-  /// loop's threads win the cores and the disk when they compete. Staging that the caller
-  /// waits for (eager) runs at the caller's priority either way.
-  bool background_priority = true;
-  /// Set for a distributed save (see tsnap/dist_group.h): every rank of the group makes a
-  /// Snapshotter on the same root (a shared filesystem) and calls save_async in the same order
-  /// with the same name; each writes its pieces of sharded tensors (entries with a ShardSpec)
-  /// and its share of the replicated ones (the rest, written once across ranks), and rank 0
-  /// commits the one snapshot once every rank's files are durable. Every rank's handle then
-  /// completes with the same outcome.
-  std::shared_ptr<DistGroup> group;
+};
 
-  /// A second, slower tier (e.g. a network filesystem), empty for none. Saves commit to `root`
+/// A second, slower tier that committed snapshots drain to (SnapshotterOptions::tier).
+struct TSNAP_API TierOptions {
+  /// The durable root (e.g. a network filesystem), empty for none. Saves commit to `root`
   /// (the fast local tier: the training's stall and durability point); a background drain then
   /// copies each committed snapshot to `<durable_root>/<name>` with the same commit protocol,
   /// checking every chunk's XXH3-64 before it writes it, so a durable snapshot is never one that
@@ -85,23 +87,40 @@ struct TSNAP_API SnapshotterOptions {
   /// until drained. One drain per prefix at a time (the store has no lock).
   std::filesystem::path durable_root;
   /// The drain's copy rate in bytes per second (writes paced in pieces of 1 MiB), 0 = unlimited.
-  uint64_t drain_bytes_per_second = 0;
-  /// With a durable tier: after each drain, the local tier keeps the newest `local_keep_last`
-  /// committed snapshots (format.md's age rule) and removes older ones, but only those already
-  /// in the durable tier (an undrained snapshot is never removed) and none being saved. 0 keeps
-  /// everything. Retention of the durable tier is the user's (PeriodicSnapshots' keep rules).
+  uint64_t bytes_per_second = 0;
+  /// After each drain, the local tier keeps the newest `local_keep_last` committed snapshots
+  /// (format.md's age rule) and removes older ones, but only those already in the durable tier
+  /// (an undrained snapshot is never removed) and none being saved. 0 keeps everything.
+  /// Retention of the durable tier is the user's (PeriodicSnapshots' keep rules).
   int local_keep_last = 2;
-  /// Keep the last committed snapshot's staged bytes in the staging pool (a hot snapshot,
-  /// tsnap/hot_snapshot.h), so that `hot_snapshot()` can roll back from memory without reading
-  /// the disk. A save's buffers then stay with it until it commits, and its image replaces the
-  /// previous one; a save that finds no free buffer evicts the hot image (and, if still
-  /// starved, gives up keeping its own), so keeping never blocks a save for long. With the
-  /// automatic budget the pool is sized for two snapshots (within the same cap), so the image
-  /// survives the next save. With `group`, each rank's image holds everything that rank
-  /// restores: its pieces and every replicated entry, including those other ranks write (staged
-  /// too, so the stall copies the whole replicated state on every rank, and hashed for the
-  /// image only); its `manifest()` is that rank's view (see HotSnapshot).
-  bool keep_hot = false;
+};
+
+/// Options of a Snapshotter; fixed for its lifetime. Grouped by concern: the staging buffers,
+/// the write engine and the durable tier each have their own struct. In C++17:
+/// `tsnap::SnapshotterOptions o; o.root = "ckpt"; o.staging.budget_bytes = 1ull << 30;`.
+struct TSNAP_API SnapshotterOptions {
+  std::filesystem::path root;          ///< Snapshots go to `<root>/<name>/`.
+  uint64_t chunk_bytes = 16ull << 20;  ///< Default chunk size (multiple of 4096).
+  StagingOptions staging;              ///< The staging buffers and threads, the hot snapshot.
+  IoOptions io;                        ///< The write engine.
+  int max_in_flight = 2;               ///< Saves that may be writing at once.
+  InFlightPolicy in_flight = InFlightPolicy::kWait;
+  /// Default of SaveOptions::incremental for this Snapshotter's saves.
+  bool incremental = false;
+  /// Run the threads that work beside training (the io thread, which writes and hashes the
+  /// chunks; the pwrite pool; the pool that commits and runs lazy staging) at a lower CPU
+  /// priority (nice +10) and I/O priority (best-effort, lowest level), so that a training
+  /// loop's threads win the cores and the disk when they compete. Staging that the caller
+  /// waits for (eager) runs at the caller's priority either way.
+  bool background_priority = true;
+  /// Set for a distributed save (see tsnap/dist_group.h): every rank of the group makes a
+  /// Snapshotter on the same root (a shared filesystem) and calls save_async in the same order
+  /// with the same name; each writes its pieces of sharded tensors (entries with a ShardSpec)
+  /// and its share of the replicated ones (the rest, written once across ranks), and rank 0
+  /// commits the one snapshot once every rank's files are durable. Every rank's handle then
+  /// completes with the same outcome.
+  std::shared_ptr<DistGroup> group;
+  TierOptions tier;  ///< The durable tier (none by default).
 };
 
 /// The outcome of copying one snapshot to the durable tier. Value type.
@@ -131,7 +150,7 @@ struct TSNAP_API DrainStats {
   std::string last_error;  ///< The latest failure's message, empty if none.
 };
 
-/// Takes snapshots under `options.root` (and drains them to `options.durable_root`).
+/// Takes snapshots under `options.root` (and drains them to `options.tier.tier.tier.durable_root`).
 /// Thread-safety: all methods may be called from any thread. Ownership: owns its buffers and
 /// threads. Destruction waits for every save in flight to commit or fail (never leaves a
 /// committed-looking partial snapshot); callers that want to give up call `wait_all()` first.
@@ -202,7 +221,7 @@ class TSNAP_API Snapshotter {
   /// handle completes, so after `h.wait()` this is that save's (or a newer one's).
   HotSnapshot hot_snapshot() const;
 
-  /// The durable tier's root (SnapshotterOptions::durable_root); empty without one.
+  /// The durable tier's root (SnapshotterOptions::tier.durable_root); empty without one.
   const std::filesystem::path& durable_root() const;
   /// Blocks until every snapshot committed under root before the call is drained to the
   /// durable tier (or its drain failed; a drain that failed before for a reason other than bad

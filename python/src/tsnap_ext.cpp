@@ -431,21 +431,21 @@ PYBIND11_MODULE(_C, m) {
                        int local_keep_last, const py::object& group) {
              tsnap::SnapshotterOptions options;
              options.root = root;
-             options.staging_budget_bytes = staging_budget;
+             options.staging.budget_bytes = staging_budget;
              options.chunk_bytes = chunk_bytes;
-             options.stage_threads = stage_threads;
-             options.io_threads = io_threads;
-             options.queue_depth = queue_depth;
-             options.engine = to_engine(engine);
-             options.direct_io = direct_io;
+             options.staging.threads = stage_threads;
+             options.io.threads = io_threads;
+             options.io.queue_depth = queue_depth;
+             options.io.engine = to_engine(engine);
+             options.io.direct_io = direct_io;
              options.max_in_flight = max_in_flight;
              options.in_flight =
                  fail_fast ? tsnap::InFlightPolicy::kFailFast : tsnap::InFlightPolicy::kWait;
              options.incremental = incremental;
-             options.keep_hot = keep_hot;
-             options.durable_root = durable_root;
-             options.drain_bytes_per_second = drain_bytes_per_second;
-             options.local_keep_last = local_keep_last;
+             options.staging.keep_hot = keep_hot;
+             options.tier.durable_root = durable_root;
+             options.tier.bytes_per_second = drain_bytes_per_second;
+             options.tier.local_keep_last = local_keep_last;
              if (!group.is_none()) options.group = group.cast<std::shared_ptr<tsnap::DistGroup>>();
              auto out = std::make_unique<PySnapshotter>();
              py::gil_scoped_release release;

@@ -1,6 +1,6 @@
 #pragma once
 /// \file
-/// The drain of a two-tier Snapshotter (SnapshotterOptions::durable_root): one background
+/// The drain of a two-tier Snapshotter (SnapshotterOptions::tier.durable_root): one background
 /// thread that copies committed snapshots from the fast local root to the durable root.
 ///
 /// One drain of snapshot `<local>/<name>` (drain.cpp spells out each step):

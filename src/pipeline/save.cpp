@@ -36,7 +36,7 @@ SaveStats save(const std::filesystem::path& path, const StateDict& state,
                                        : std::clamp<uint64_t>((bytes / 4 + 4095) / 4096 * 4096,
                                                               kMinChunk, so.chunk_bytes);
   const uint64_t chunks = bytes / so.chunk_bytes + 2;
-  so.staging_budget_bytes = std::min(kMaxOneShotBudget, chunks * so.chunk_bytes);
+  so.staging.budget_bytes = std::min(kMaxOneShotBudget, chunks * so.chunk_bytes);
   Snapshotter snap(std::move(so));
   SaveOptions eager = options;
   eager.staging = Staging::kEager;

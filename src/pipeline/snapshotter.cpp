@@ -127,8 +127,8 @@ Snapshotter::Impl::Impl(SnapshotterOptions options) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   // Eager staging has every core: the caller waits for it, and the copy is its stall. Lazy
   // staging runs while the training does, on half of them.
-  int eager_threads = o.stage_threads > 0 ? o.stage_threads : cores;
-  int lazy_threads = o.stage_threads > 0 ? o.stage_threads : std::max(1, cores / 2);
+  int eager_threads = o.staging.threads > 0 ? o.staging.threads : cores;
+  int lazy_threads = o.staging.threads > 0 ? o.staging.threads : std::max(1, cores / 2);
 #if TSNAP_UNDER_TSAN
   // libtbb is not instrumented: TSan sees none of its hand-offs between the caller and its
   // workers, and reports every task of a wider arena racing with the caller (1,160 reports
@@ -142,33 +142,34 @@ Snapshotter::Impl::Impl(SnapshotterOptions options) {
   if (o.background_priority) io::make_background_pool(*res.blocking, blocking_threads);
   io::EngineRequest request;
   request.background = o.background_priority;
-  request.kind = o.engine;
-  request.queue_depth = o.queue_depth;
-  request.io_threads = o.io_threads;
-  res.host = io::host_for_save(request, o.direct_io, o.root.string());
-  if (o.staging_budget_bytes > 0) make_pool(o.staging_budget_bytes);
-  if (!o.durable_root.empty()) start_drain();
+  request.kind = o.io.engine;
+  request.queue_depth = o.io.queue_depth;
+  request.io_threads = o.io.threads;
+  res.host = io::host_for_save(request, o.io.direct_io, o.root.string());
+  if (o.staging.budget_bytes > 0) make_pool(o.staging.budget_bytes);
+  if (!o.tier.durable_root.empty()) start_drain();
 }
 
 void Snapshotter::Impl::start_drain() {
   const SnapshotterOptions& o = res.options;
-  if (o.local_keep_last < 0) {
+  if (o.tier.local_keep_last < 0) {
     throw_error(ErrorCode::kInvalidArgument, "local_keep_last must be >= 0");
   }
   std::error_code ec;
-  if (!format::is_s3(o.durable_root)) fs::create_directories(o.durable_root, ec);
-  if (!ec && !format::is_s3(o.durable_root) && fs::equivalent(o.root, o.durable_root, ec)) {
+  if (!format::is_s3(o.tier.durable_root)) fs::create_directories(o.tier.durable_root, ec);
+  if (!ec && !format::is_s3(o.tier.durable_root) &&
+      fs::equivalent(o.root, o.tier.durable_root, ec)) {
     throw_error(ErrorCode::kInvalidArgument,
-                "durable_root " + o.durable_root.string() + " is the root itself");
+                "durable_root " + o.tier.durable_root.string() + " is the root itself");
   }
   // A group's snapshots are one shared directory, each committed by rank 0: rank 0 alone
   // drains them (every rank's files), the others have no drain.
   if (o.group && o.group->rank() != 0) return;
   pipeline::DrainConfig config;
   config.local_root = o.root;
-  config.durable_root = o.durable_root;
-  config.bytes_per_second = o.drain_bytes_per_second;
-  config.local_keep_last = o.local_keep_last;
+  config.durable_root = o.tier.durable_root;
+  config.bytes_per_second = o.tier.bytes_per_second;
+  config.local_keep_last = o.tier.local_keep_last;
   config.background = o.background_priority;
   config.busy = [this](const std::string& name) {
     std::lock_guard<std::mutex> lock(mu);
@@ -200,7 +201,7 @@ void Snapshotter::Impl::make_pool(uint64_t budget) {
       // advisory: writes stay plain writes
     }
   });
-  if (o.keep_hot) {
+  if (o.staging.keep_hot) {
     hot = std::make_unique<stage::HotImages>(*res.pool);
     res.pool->set_reclaim([images = hot.get()] { images->reclaim(); });
   }
@@ -245,11 +246,11 @@ plan::Plan Snapshotter::Impl::make_save_plan(const StateDict& state, const SaveO
   }
   const plan::RankOf ranks{coordinator ? coordinator->rank() : 0,
                            coordinator ? coordinator->world_size() : 1};
-  const int io_threads = std::max(1, res.options.io_threads);
+  const int io_threads = std::max(1, res.options.io.threads);
   plan::Plan plan = plan::make_plan(state, options, chunk, id, io_threads, ranks, layout);
   // A rank's hot image holds every entry it restores: the replicated entries that other ranks
   // write are staged too (the stall copies them), into files that stay in memory.
-  if (res.options.keep_hot && ranks.world_size > 1) {
+  if (res.options.staging.keep_hot && ranks.world_size > 1) {
     plan::add_memory_files(plan, state, options, chunk, io_threads, ranks);
   }
   return plan;
@@ -264,7 +265,7 @@ void Snapshotter::Impl::ensure_pool(const plan::Plan& plan) {
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
   const uint64_t memory = pages > 0 && page > 0 ? static_cast<uint64_t>(pages) * page : 8ull << 30;
   const uint64_t cap = std::max<uint64_t>(2, memory / 4 / chunk);
-  const uint64_t chunks = plan.chunks.size() * (res.options.keep_hot ? 2 : 1);
+  const uint64_t chunks = plan.chunks.size() * (res.options.staging.keep_hot ? 2 : 1);
   make_pool(std::clamp<uint64_t>(chunks, 2, cap) * chunk);
 }
 
@@ -520,7 +521,7 @@ std::optional<fs::path> Snapshotter::latest() const {
   }
 }
 
-const fs::path& Snapshotter::durable_root() const { return impl_->res.options.durable_root; }
+const fs::path& Snapshotter::durable_root() const { return impl_->res.options.tier.durable_root; }
 
 void Snapshotter::drain_wait() {
   impl_->owner.check("this Snapshotter");

@@ -166,9 +166,9 @@ Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chun
                const std::string& id, int max_auto_shards, RankOf ranks = {},
                const Layout& layout = {});
 
-/// Distributed saves with a hot image (SnapshotterOptions::keep_hot): appends to `plan` (this
-/// rank's) files that hold the replicated entries of `state` that other ranks write, staged into
-/// the image but never written, so that the image holds every entry this rank restores. They
+/// Distributed saves with a hot image (SnapshotterOptions::staging.keep_hot): appends to `plan`
+/// (this rank's) files that hold the replicated entries of `state` that other ranks write, staged
+/// into the image but never written, so that the image holds every entry this rank restores. They
 /// are named `memory-r<rank>-<i>.safetensors` (never on disk) and laid out like a single
 /// process's files of those entries.
 void add_memory_files(Plan& plan, const StateDict& state, const SaveOptions& options,

@@ -1,7 +1,7 @@
 #pragma once
-// Hot images (SnapshotterOptions::keep_hot, tsnap/hot_snapshot.h): a committed snapshot's staged
-// chunks kept in the staging pool's buffers after their writes, so that it can be loaded again
-// from memory. The write path (pipeline/) fills an image, the read path (restore/) reads one:
+// Hot images (SnapshotterOptions::staging.keep_hot, tsnap/hot_snapshot.h): a committed snapshot's
+// staged chunks kept in the staging pool's buffers after their writes, so that it can be loaded
+// again from memory. The write path (pipeline/) fills an image, the read path (restore/) reads one:
 // the type lives here, below both.
 //
 // Life of an image:

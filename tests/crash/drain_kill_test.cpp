@@ -54,11 +54,11 @@ TEST(DrainCrash, ChildProcess) {
   try {
     SnapshotterOptions o;
     o.root = local;
-    o.staging_budget_bytes = 8 << 20;
+    o.staging.budget_bytes = 8 << 20;
     o.chunk_bytes = 1 << 20;
-    o.durable_root = durable;
-    o.drain_bytes_per_second = 16 << 20;
-    o.local_keep_last = 2;
+    o.tier.durable_root = durable;
+    o.tier.bytes_per_second = 16 << 20;
+    o.tier.local_keep_last = 2;
     Snapshotter snap(o);
     for (int step = 1;; ++step) {
       snap.save_async(format::step_name(step), state(step), {{"step", step}}).wait();
@@ -129,10 +129,10 @@ TEST(DrainCrash, KilledDrainNeverLeavesABadDurableSnapshot) {
     // then durable, and no temporary is left.
     SnapshotterOptions o;
     o.root = local.path();
-    o.staging_budget_bytes = 8 << 20;
+    o.staging.budget_bytes = 8 << 20;
     o.chunk_bytes = 1 << 20;
-    o.durable_root = durable.path();
-    o.local_keep_last = 0;
+    o.tier.durable_root = durable.path();
+    o.tier.local_keep_last = 0;
     Snapshotter snap(o);
     snap.drain_wait();
     for (const Listed& l : list(local.path())) {

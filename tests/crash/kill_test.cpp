@@ -40,7 +40,7 @@ TEST(Crash, ChildProcess) {
   if (root_env == nullptr) GTEST_SKIP() << "runs only as the child of KilledSave...";
   const std::filesystem::path root = root_env;
   try {
-    Snapshotter snap({.root = root, .staging_budget_bytes = 8 << 20, .chunk_bytes = 1 << 20});
+    Snapshotter snap({.root = root, .chunk_bytes = 1 << 20, .staging = {.budget_bytes = 8 << 20}});
     StateDict sd = state(100);
     for (int step = 1;; ++step) {
       // New names and overwrites of one name, to crash inside both commit paths.

@@ -229,10 +229,9 @@ class KillPointEngine final : public io::ForwardingEngine {
     // TSNAP_SOAK_INCREMENTAL=1 (the incremental soak): saves reuse the frozen tensor's file.
     const char* incremental = std::getenv("TSNAP_SOAK_INCREMENTAL");
     Snapshotter snap({.root = root,
-                      .staging_budget_bytes = 1 << 20,
                       .chunk_bytes = 64 << 10,
-                      .stage_threads = 1,
-                      .io_threads = 2,
+                      .staging = {.budget_bytes = 1 << 20, .threads = 1},
+                      .io = {.threads = 2},
                       .incremental = incremental != nullptr && *incremental == '1'});
     StateDict live;
     for (const auto& [key, entry] : base_state()) live.insert(key, entry.tensor.clone());

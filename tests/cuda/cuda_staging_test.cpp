@@ -38,7 +38,8 @@ TEST_F(CudaStaging, PoolIsPinned) {
 
 TEST_F(CudaStaging, EagerSaveOfDeviceTensorsIsExact) {
   TempDir dir;
-  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 16 << 20, .chunk_bytes = 4 << 20});
+  Snapshotter snap(
+      {.root = dir.path(), .chunk_bytes = 4 << 20, .staging = {.budget_bytes = 16 << 20}});
   at::manual_seed(1);
   at::Tensor a = at::randn({3, 1000, 1000}, cuda());  // 12 MB: several chunks
   at::Tensor t = at::randn({300, 500}, cuda()).t();   // non-contiguous
@@ -62,7 +63,8 @@ TEST_F(CudaStaging, EagerSaveOfDeviceTensorsIsExact) {
 
 TEST_F(CudaStaging, ConversionHappensOnTheDeviceAndMatchesTo) {
   TempDir dir;
-  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 16 << 20, .chunk_bytes = 4 << 20});
+  Snapshotter snap(
+      {.root = dir.path(), .chunk_bytes = 4 << 20, .staging = {.budget_bytes = 16 << 20}});
   at::Tensor a = at::randn({2, 1 << 20}, cuda());
   at::Tensor i = at::randint(0, 7, {100}, cuda(at::kInt));
   StateDict sd{{"a", a}, {"i", i}};
@@ -75,7 +77,8 @@ TEST_F(CudaStaging, ConversionHappensOnTheDeviceAndMatchesTo) {
 
 TEST_F(CudaStaging, LazySaveIsExactOnceStaged) {
   TempDir dir;
-  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 8 << 20, .chunk_bytes = 2 << 20});
+  Snapshotter snap(
+      {.root = dir.path(), .chunk_bytes = 2 << 20, .staging = {.budget_bytes = 8 << 20}});
   at::Tensor a = at::randn({5 << 20}, cuda());  // 20 MB through an 8 MB pool
   StateDict sd{{"a", a}};
   const at::Tensor ra = a.cpu();
@@ -90,9 +93,8 @@ TEST_F(CudaStaging, LazySaveIsExactOnceStaged) {
 TEST_F(CudaStaging, ReportsDeviceStagingThroughput) {
   TempDir dir;
   Snapshotter snap({.root = dir.path(),
-                    .staging_budget_bytes = 2048ull << 20,
                     .chunk_bytes = 16 << 20,
-                    .stage_threads = 4});
+                    .staging = {.budget_bytes = 2048ull << 20, .threads = 4}});
   StateDict sd;
   for (int k = 0; k < 12; ++k) sd.insert("w" + std::to_string(k), at::randn({32 << 20}, cuda()));
   const double gb = 12.0 * (32 << 20) * 4 / 1e9;

@@ -158,7 +158,7 @@ void run_rank() {
   const int rank = group->rank(), world = group->world_size();
   SnapshotterOptions o;
   o.root = root;
-  o.staging_budget_bytes = 8 << 20;
+  o.staging.budget_bytes = 8 << 20;
   o.chunk_bytes = 256 << 10;
   o.group = group;
 
@@ -188,9 +188,9 @@ void run_rank() {
     // Two tiers across ranks: rank 0 drains the shared snapshots to the durable root (a
     // directory, incremental saves; or object storage, where every rank's files are uploaded).
     o.incremental = scenario == "tier";
-    o.durable_root = scenario == "tier" ? (root.parent_path() / "durable").string()
-                                        : std::string(std::getenv("TSNAP_TEST_S3_DURABLE"));
-    o.local_keep_last = 0;
+    o.tier.durable_root = scenario == "tier" ? (root.parent_path() / "durable").string()
+                                             : std::string(std::getenv("TSNAP_TEST_S3_DURABLE"));
+    o.tier.local_keep_last = 0;
     Snapshotter snap(o);
     SaveHandle last;
     std::string text = save_chain(snap, rank, world, 2, &last);
@@ -202,7 +202,7 @@ void run_rank() {
   } else if (scenario == "hot") {
     // keep_hot across ranks (incremental too): each rank's image holds its pieces and every
     // replicated entry, those other ranks wrote included.
-    o.keep_hot = true;
+    o.staging.keep_hot = true;
     o.incremental = true;
     Snapshotter snap(o);
     SaveHandle last;

@@ -1,4 +1,4 @@
-// The two-tier Snapshotter (SnapshotterOptions::durable_root) and its drain: bitwise copies,
+// The two-tier Snapshotter (SnapshotterOptions::tier.durable_root) and its drain: bitwise copies,
 // the rate limit, a corrupt local chunk, local_keep_last, latest() across tiers, overwrite,
 // resuming an interrupted drain, stale durable temporaries.
 
@@ -59,11 +59,11 @@ struct Tiers {
   SnapshotterOptions options(int keep = 0, uint64_t rate = 0) const {
     SnapshotterOptions o;
     o.root = local.path();
-    o.staging_budget_bytes = 8 << 20;
+    o.staging.budget_bytes = 8 << 20;
     o.chunk_bytes = 1 << 20;
-    o.durable_root = durable.path();
-    o.drain_bytes_per_second = rate;
-    o.local_keep_last = keep;
+    o.tier.durable_root = durable.path();
+    o.tier.bytes_per_second = rate;
+    o.tier.local_keep_last = keep;
     return o;
   }
 };
@@ -206,7 +206,7 @@ TEST(Drain, StartDrainsWhatTheDurableTierLacksAndRemovesStaleTemporaries) {
   Tiers t;
   {
     SnapshotterOptions o = t.options();
-    o.durable_root.clear();  // a run without the tier, or one killed before its drain
+    o.tier.durable_root.clear();  // a run without the tier, or one killed before its drain
     Snapshotter snap(o);
     for (int step = 1; step <= 3; ++step) {
       snap.save_async(format::step_name(step), state(40 + step), {{"step", step}}).wait();
@@ -244,16 +244,17 @@ TEST(Drain, DestructionStopsACopyAndTheNextSnapshotterFinishesIt) {
 TEST(Drain, RefusesTheRootAsDurableRoot) {
   Tiers t;
   SnapshotterOptions o = t.options();
-  o.durable_root = t.local.path();
+  o.tier.durable_root = t.local.path();
   EXPECT_THROW(Snapshotter{o}, InvalidArgument);
   o = t.options();
-  o.local_keep_last = -1;
+  o.tier.local_keep_last = -1;
   EXPECT_THROW(Snapshotter{o}, InvalidArgument);
 }
 
 TEST(Drain, WithoutATierNothingDrains) {
   TempDir dir;
-  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 8 << 20, .chunk_bytes = 1 << 20});
+  Snapshotter snap(
+      {.root = dir.path(), .chunk_bytes = 1 << 20, .staging = {.budget_bytes = 8 << 20}});
   snap.save_async("a", state(60), {}).wait();
   EXPECT_NO_THROW(snap.drain_wait());
   EXPECT_FALSE(snap.drained("a"));

@@ -1,5 +1,5 @@
-// Hot snapshots (SnapshotterOptions::keep_hot): loads from the staging buffers equal loads of
-// the directory bit for bit, roll a model and its optimizer back, are verified against the
+// Hot snapshots (SnapshotterOptions::staging.keep_hot): loads from the staging buffers equal loads
+// of the directory bit for bit, roll a model and its optimizer back, are verified against the
 // manifest's hashes, and never show stale bytes when later saves evict or replace the image.
 
 #include "tsnap/hot_snapshot.h"
@@ -97,7 +97,8 @@ TEST(HotSnapshot, NoneWithoutKeepHot) {
 TEST(HotSnapshot, WorksWithADistributedGroup) {
   TempDir dir;
   auto group = std::make_shared<DistGroup>(c10::make_intrusive<c10d::HashStore>(), 0, 1);
-  Snapshotter snap({.root = dir.path(), .chunk_bytes = kChunk, .group = group, .keep_hot = true});
+  Snapshotter snap(
+      {.root = dir.path(), .chunk_bytes = kChunk, .staging = {.keep_hot = true}, .group = group});
   const StateDict sd = floats(3, 5000, 4);
   snap.save_async("a", sd).wait();
   const HotSnapshot hot = snap.hot_snapshot();
@@ -108,7 +109,7 @@ TEST(HotSnapshot, WorksWithADistributedGroup) {
 
 TEST(HotSnapshot, NoneBeforeTheFirstCommit) {
   TempDir dir;
-  Snapshotter snap({.root = dir.path(), .chunk_bytes = kChunk, .keep_hot = true});
+  Snapshotter snap({.root = dir.path(), .chunk_bytes = kChunk, .staging = {.keep_hot = true}});
   EXPECT_FALSE(snap.hot_snapshot());
 }
 
@@ -116,7 +117,7 @@ TEST(HotSnapshot, NoneBeforeTheFirstCommit) {
 // load_into (same dtype, and bf16 -> fp32 upcast) from memory equal the same from disk.
 TEST(HotSnapshot, EqualsDiskRestoreBitwise) {
   TempDir dir;
-  Snapshotter snap({.root = dir.path(), .chunk_bytes = kChunk, .keep_hot = true});
+  Snapshotter snap({.root = dir.path(), .chunk_bytes = kChunk, .staging = {.keep_hot = true}});
   StateDict state = test_support::mixed_state(3);
   for (auto& [k, e] : floats(3, 700000, 10)) state.insert(k, e.tensor);  // 8 MiB, many chunks
   for (const std::optional<at::ScalarType> stored :
@@ -164,7 +165,7 @@ TEST(HotSnapshot, EqualsDiskRestoreBitwise) {
 
 TEST(HotSnapshot, ErrorsAreThoseOfTheDiskLoad) {
   TempDir dir;
-  Snapshotter snap({.root = dir.path(), .chunk_bytes = kChunk, .keep_hot = true});
+  Snapshotter snap({.root = dir.path(), .chunk_bytes = kChunk, .staging = {.keep_hot = true}});
   const StateDict state = floats(2, 1000, 1);
   snap.save_async("a", state).wait();
   const HotSnapshot hot = snap.hot_snapshot();
@@ -181,7 +182,7 @@ TEST(HotSnapshot, ErrorsAreThoseOfTheDiskLoad) {
 // then writes nothing, and the disk copy is unaffected.
 TEST(HotSnapshot, CorruptBufferIsAHashMismatch) {
   TempDir dir;
-  Snapshotter snap({.root = dir.path(), .chunk_bytes = kChunk, .keep_hot = true});
+  Snapshotter snap({.root = dir.path(), .chunk_bytes = kChunk, .staging = {.keep_hot = true}});
   const StateDict state = floats(3, 600000, 5);  // 7 MiB: several chunks
   snap.save_async("a", state).wait();
   const HotSnapshot hot = snap.hot_snapshot();
@@ -210,7 +211,7 @@ TEST(HotSnapshot, CorruptBufferIsAHashMismatch) {
 // as the disk checkpoint does, and training from there is identical.
 TEST(HotSnapshot, RollsModelAndOptimizerBackThroughACheckpoint) {
   TempDir dir;
-  Snapshotter snap({.root = dir.path(), .keep_hot = true});
+  Snapshotter snap({.root = dir.path(), .staging = {.keep_hot = true}});
   namespace optim = torch::optim;
   using test_support::Net;
   auto objects = [](Net& net, optim::Optimizer& opt) -> Checkpoint::Objects {
@@ -243,9 +244,8 @@ TEST(HotSnapshot, RollsModelAndOptimizerBackThroughACheckpoint) {
 TEST(HotSnapshot, LaterSaveEvictsUnderASmallBudget) {
   TempDir dir;
   Snapshotter snap({.root = dir.path(),
-                    .staging_budget_bytes = 5 * kChunk,
                     .chunk_bytes = kChunk,
-                    .keep_hot = true});
+                    .staging = {.budget_bytes = 5 * kChunk, .keep_hot = true}});
   snap.save_async("a", floats(3, kChunk / 4, 1)).wait();  // 3 chunks + header
   const HotSnapshot a = snap.hot_snapshot();
   ASSERT_TRUE(a);
@@ -277,7 +277,7 @@ TEST(HotSnapshot, LaterSaveEvictsUnderASmallBudget) {
 // replaced by it when it commits. Many saves in flight at once never leave a stale image.
 TEST(HotSnapshot, NewerSaveReplacesItAndAutomaticBudgetHoldsTwo) {
   TempDir dir;
-  Snapshotter snap({.root = dir.path(), .chunk_bytes = kChunk, .keep_hot = true});
+  Snapshotter snap({.root = dir.path(), .chunk_bytes = kChunk, .staging = {.keep_hot = true}});
   snap.save_async("a", floats(4, kChunk / 4, 1)).wait();
   EXPECT_GE(snap.staging_budget_bytes(), 2 * 4 * kChunk);
   const HotSnapshot a = snap.hot_snapshot();
@@ -313,9 +313,8 @@ TEST(HotSnapshot, FailedSaveKeepsThePreviousImage) {
   auto faulty = std::make_shared<io::FaultInjectingEngine>(io::make_pwrite_engine(2), faults);
   Snapshotter snap = test_support::on_engine(faulty, [&] {
     return Snapshotter({.root = dir.path(),
-                        .staging_budget_bytes = 8 * kChunk,
                         .chunk_bytes = kChunk,
-                        .keep_hot = true});
+                        .staging = {.budget_bytes = 8 * kChunk, .keep_hot = true}});
   });
   snap.save_async("a", floats(1, kChunk / 4, 1)).wait();  // header + data: 2 chunks
   ASSERT_TRUE(snap.hot_snapshot());
@@ -338,9 +337,8 @@ TEST(HotSnapshot, LoadPinsTheImageWhileANewSaveRuns) {
     SCOPED_TRACE(buffers);
     TempDir dir;
     Snapshotter snap({.root = dir.path(),
-                      .staging_budget_bytes = buffers * kChunk,
                       .chunk_bytes = kChunk,
-                      .keep_hot = true});
+                      .staging = {.budget_bytes = buffers * kChunk, .keep_hot = true}});
     const StateDict old_state = floats(3, kChunk / 4, 1);
     snap.save_async("old", old_state).wait();
     const HotSnapshot old_hot = snap.hot_snapshot();
@@ -401,7 +399,7 @@ TEST(HotSnapshot, HandleOutlivesTheSnapshotter) {
   TempDir dir;
   HotSnapshot hot;
   {
-    Snapshotter snap({.root = dir.path(), .chunk_bytes = kChunk, .keep_hot = true});
+    Snapshotter snap({.root = dir.path(), .chunk_bytes = kChunk, .staging = {.keep_hot = true}});
     snap.save_async("a", floats(1, 1000, 1)).wait();
     hot = snap.hot_snapshot();
     EXPECT_TRUE(hot.resident());

@@ -49,7 +49,7 @@ SnapshotterOptions options_for(const fs::path& root) {
   SnapshotterOptions o;
   o.root = root;
   o.chunk_bytes = kChunk;
-  o.staging_budget_bytes = 64 * kChunk;
+  o.staging.budget_bytes = 64 * kChunk;
   o.incremental = true;
   return o;
 }
@@ -309,8 +309,8 @@ TEST(Incremental, OverwritingTheBaseItselfKeepsItsBytes) {
 TEST(Incremental, HotImageOfAnIncrementalSaveIsWhole) {
   TempDir dir;
   SnapshotterOptions o = options_for(dir.path());
-  o.keep_hot = true;
-  o.staging_budget_bytes = 0;  // automatic: room for the image and the next save
+  o.staging.keep_hot = true;
+  o.staging.budget_bytes = 0;  // automatic: room for the image and the next save
   Snapshotter snap(o);
   snap.save_async("s1", state_at(1)).wait();
   SaveHandle h = snap.save_async("s2", state_at(2));

@@ -52,7 +52,8 @@ void expect_equal(const StateDict& want, const StateDict& got) {
 
 TEST(Snapshotter, EagerSaveIsPointInTimeExact) {
   TempDir dir;
-  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 8 << 20, .chunk_bytes = 1 << 20});
+  Snapshotter snap(
+      {.root = dir.path(), .chunk_bytes = 1 << 20, .staging = {.budget_bytes = 8 << 20}});
   StateDict sd = big_state(6, 1 << 19, 1);  // 12 MiB > 8 MiB budget
   const StateDict before = clone(sd);
   SaveHandle h = snap.save_async("s", sd, {{"step", 1}});
@@ -65,7 +66,8 @@ TEST(Snapshotter, EagerSaveIsPointInTimeExact) {
 
 TEST(Snapshotter, LazySaveIsExactOnceStaged) {
   TempDir dir;
-  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 4 << 20, .chunk_bytes = 1 << 20});
+  Snapshotter snap(
+      {.root = dir.path(), .chunk_bytes = 1 << 20, .staging = {.budget_bytes = 4 << 20}});
   StateDict sd = big_state(4, 1 << 19, 2);
   const StateDict before = clone(sd);
   SaveHandle h = snap.save_async("s", sd, {}, {.staging = Staging::kLazy});
@@ -78,9 +80,9 @@ TEST(Snapshotter, LazySaveIsExactOnceStaged) {
 TEST(Snapshotter, BackpressureWithBudgetSmallerThanSnapshot) {
   TempDir dir;
   Snapshotter snap({.root = dir.path(),
-                    .staging_budget_bytes = 2 << 20,
                     .chunk_bytes = 1 << 20,
-                    .io_threads = 2});
+                    .staging = {.budget_bytes = 2 << 20},
+                    .io = {.threads = 2}});
   StateDict sd = big_state(3, 3 << 20, 3);  // 36 MiB through a 2 MiB pool
   SaveHandle h = snap.save_async("s", sd, {}, {.num_shards = 2});
   h.wait();
@@ -92,8 +94,8 @@ TEST(Snapshotter, BackpressureWithBudgetSmallerThanSnapshot) {
 TEST(Snapshotter, ManySavesInFlight) {
   TempDir dir;
   Snapshotter snap({.root = dir.path(),
-                    .staging_budget_bytes = 4 << 20,
                     .chunk_bytes = 1 << 20,
+                    .staging = {.budget_bytes = 4 << 20},
                     .max_in_flight = 3});
   std::vector<SaveHandle> handles;
   std::vector<StateDict> states;
@@ -116,8 +118,8 @@ TEST(Snapshotter, DestructionWaitsForSavesInFlight) {
   std::vector<SaveHandle> handles;
   {
     Snapshotter snap({.root = dir.path(),
-                      .staging_budget_bytes = 4 << 20,
                       .chunk_bytes = 1 << 20,
+                      .staging = {.budget_bytes = 4 << 20},
                       .max_in_flight = 3});
     for (int i = 0; i < 3; ++i) handles.push_back(snap.save_async("s" + std::to_string(i), sd));
   }  // returns only once every save has committed or failed
@@ -134,8 +136,8 @@ TEST(Snapshotter, FailFastPolicyRefusesWhenBusy) {
   auto gate = std::make_shared<test_support::GateEngine>();
   Snapshotter snap = test_support::on_engine(gate, [&] {
     return Snapshotter({.root = dir.path(),
-                        .staging_budget_bytes = 2 << 20,
                         .chunk_bytes = 1 << 20,
+                        .staging = {.budget_bytes = 2 << 20},
                         .max_in_flight = 1,
                         .in_flight = InFlightPolicy::kFailFast});
   });
@@ -161,7 +163,7 @@ TEST(Snapshotter, SameNameInFlightFailsAtTheCall) {
   auto gate = std::make_shared<test_support::GateEngine>();  // holds "a" at its commit
   Snapshotter snap = test_support::on_engine(gate, [&] {
     return Snapshotter(
-        {.root = dir.path(), .staging_budget_bytes = 2 << 20, .chunk_bytes = 1 << 20});
+        {.root = dir.path(), .chunk_bytes = 1 << 20, .staging = {.budget_bytes = 2 << 20}});
   });
   const StateDict first = big_state(2, 1000, 1);
   const StateDict second = big_state(2, 1000, 50);
@@ -206,8 +208,8 @@ TEST(Snapshotter, OverwriteOfANameInFlightFailsFastUnderFailFast) {
   auto gate = std::make_shared<test_support::GateEngine>();
   Snapshotter snap = test_support::on_engine(gate, [&] {
     return Snapshotter({.root = dir.path(),
-                        .staging_budget_bytes = 2 << 20,
                         .chunk_bytes = 1 << 20,
+                        .staging = {.budget_bytes = 2 << 20},
                         .in_flight = InFlightPolicy::kFailFast});
   });
   const StateDict sd = big_state(1, 1000, 3);
@@ -229,9 +231,9 @@ class AdmissionTest : public ::testing::TestWithParam<InFlightPolicy> {
   // One save in flight at most, under the policy of the test.
   SnapshotterOptions options(const TempDir& dir) const {
     return {.root = dir.path(),
-            .staging_budget_bytes = 1 << 20,
             .chunk_bytes = 1 << 20,
-            .engine = EngineKind::kPwrite,
+            .staging = {.budget_bytes = 1 << 20},
+            .io = {.engine = EngineKind::kPwrite},
             .max_in_flight = 1,
             .in_flight = GetParam()};
   }
@@ -311,7 +313,7 @@ TEST(Snapshotter, FallsBackToPwriteWhereIoUringIsUnavailable) {
       {
         ::setenv("TSNAP_DISABLE_IO_URING", "1", 1);
         try {
-          Snapshotter strict({.root = dir.path(), .engine = EngineKind::kUring});
+          Snapshotter strict({.root = dir.path(), .io = {.engine = EngineKind::kUring}});
         } catch (...) {
           ::unsetenv("TSNAP_DISABLE_IO_URING");
           throw;
@@ -393,7 +395,7 @@ TEST(Snapshotter, PoolIsReusedAcrossSaves) {
   auto hold = std::make_shared<HoldWritesEngine>();
   Snapshotter snap = test_support::on_engine(hold, [&] {
     return Snapshotter(
-        {.root = dir.path(), .staging_budget_bytes = 4 << 20, .chunk_bytes = 1 << 20});
+        {.root = dir.path(), .chunk_bytes = 1 << 20, .staging = {.budget_bytes = 4 << 20}});
   });
   StateDict sd = big_state(2, 1 << 20, 6);  // 9 chunks of 1 MiB, 4 buffers (budget / chunk)
   hold->arm(4);
@@ -408,7 +410,8 @@ TEST(Snapshotter, PoolIsReusedAcrossSaves) {
 // save's id is refused), and a state whose shapes change in between is planned anew.
 TEST(Snapshotter, SavesOfAStateAlikeAreExactWithTheirOwnIds) {
   TempDir dir;
-  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 8 << 20, .chunk_bytes = 1 << 20});
+  Snapshotter snap(
+      {.root = dir.path(), .chunk_bytes = 1 << 20, .staging = {.budget_bytes = 8 << 20}});
   StateDict sd = big_state(5, 100000, 11);
   StateDict other = big_state(4, 70000, 12);
   std::vector<std::pair<std::string, StateDict>> saved;
@@ -460,7 +463,7 @@ TEST_P(SaveFaultTest, FailedSaveLeavesEarlierSnapshotsIntact) {
     plain.save_async("victim", good).wait();
   }
   Snapshotter snap = test_support::on_engine(faulty, [&] {
-    return Snapshotter({.root = dir.path(), .chunk_bytes = 1 << 20, .direct_io = false});
+    return Snapshotter({.root = dir.path(), .chunk_bytes = 1 << 20, .io = {.direct_io = false}});
   });
   StateDict next = big_state(2, 300000, 8);
   bool threw = false;

@@ -201,7 +201,7 @@ TEST(PeriodicSnapshots, ResumeReturnsZeroWhenThereIsNothing) {
 TEST(PeriodicSnapshots, TheFirstStepPreparesTheStagingPool) {
   TempDir dir;
   SnapshotterOptions o = test_support::small_options(dir.path());
-  o.staging_budget_bytes = 0;
+  o.staging.budget_bytes = 0;
   Snapshotter snap(o);
   const StateDict sd = test_support::small_state(6);
   PeriodicSnapshots hook(snap, Schedule({.every_steps = 2}),

@@ -44,7 +44,7 @@ inline void save_step(const std::filesystem::path& root, const std::string& name
 inline SnapshotterOptions small_options(const std::filesystem::path& root) {
   SnapshotterOptions o;
   o.root = root;
-  o.staging_budget_bytes = 4 << 20;
+  o.staging.budget_bytes = 4 << 20;
   o.chunk_bytes = 1 << 20;
   return o;
 }

@@ -1,7 +1,7 @@
-// PeriodicSnapshots on a two-tier Snapshotter (SnapshotterOptions::durable_root): the schedule's
-// keep rules on each tier after each drain, the local tier never losing an undrained snapshot,
-// finish() waiting for the drain, and resume from both tiers (the durable one alone when the
-// local disk is lost).
+// PeriodicSnapshots on a two-tier Snapshotter (SnapshotterOptions::tier.durable_root): the
+// schedule's keep rules on each tier after each drain, the local tier never losing an undrained
+// snapshot, finish() waiting for the drain, and resume from both tiers (the durable one alone when
+// the local disk is lost).
 
 #include <gtest/gtest.h>
 
@@ -25,8 +25,8 @@ using test_support::TempDir;
 
 SnapshotterOptions two_tier(const fs::path& local, const fs::path& durable, int keep_local) {
   SnapshotterOptions o = test_support::small_options(local);
-  o.durable_root = durable;
-  o.local_keep_last = keep_local;
+  o.tier.durable_root = durable;
+  o.tier.local_keep_last = keep_local;
   return o;
 }
 

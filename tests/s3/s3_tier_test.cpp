@@ -1,8 +1,8 @@
-// Object storage as the durable tier (SnapshotterOptions::durable_root = "s3://..."), against a
-// real S3-protocol server started by the tests: drain, then restore with the local tier gone;
-// a corrupted object found at restore; wrong credentials and a store that is down failing the
-// drain but never the training; a drain killed mid-upload resumed by the next process with no
-// partial snapshot ever listed; retention in the store; the public calls on s3:// paths.
+// Object storage as the durable tier (SnapshotterOptions::tier.durable_root = "s3://..."), against
+// a real S3-protocol server started by the tests: drain, then restore with the local tier gone; a
+// corrupted object found at restore; wrong credentials and a store that is down failing the drain
+// but never the training; a drain killed mid-upload resumed by the next process with no partial
+// snapshot ever listed; retention in the store; the public calls on s3:// paths.
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -68,10 +68,10 @@ class S3Tier : public ::testing::Test {
   SnapshotterOptions options(const fs::path& local, const std::string& durable) const {
     SnapshotterOptions o;
     o.root = local;
-    o.durable_root = durable;
+    o.tier.durable_root = durable;
     o.chunk_bytes = 1 << 20;
-    o.staging_budget_bytes = 8 << 20;
-    o.local_keep_last = 0;
+    o.staging.budget_bytes = 8 << 20;
+    o.tier.local_keep_last = 0;
     return o;
   }
 
@@ -304,7 +304,7 @@ TEST_F(S3Tier, TheStoreStoppingMidDrainAndRestartingLosesNothing) {
   StateDict sd;
   sd.insert("big", make_tensor(at::kFloat, {10 << 20}, 11));  // 40 MiB: 5 parts of 8 MiB
   SnapshotterOptions o = options(local.path(), durable);
-  o.drain_bytes_per_second = 8 << 20;
+  o.tier.bytes_per_second = 8 << 20;
   Snapshotter snap(o);
   uint64_t resumed = 0;
   snap.add_drain_listener([&](const DrainRecord& r) { resumed += r.resumed_bytes; });
@@ -378,7 +378,7 @@ TEST_F(S3Tier, ADrainKilledMidUploadIsResumedAndNeverListedHalfDone) {
   ASSERT_GE(child, 0);
   if (child == 0) {
     SnapshotterOptions o = options(local.path(), durable);
-    o.drain_bytes_per_second = 8 << 20;  // 5 s for the whole file
+    o.tier.bytes_per_second = 8 << 20;  // 5 s for the whole file
     Snapshotter snap(o);
     snap.drain_wait();
     ::_exit(0);

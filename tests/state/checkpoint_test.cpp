@@ -391,7 +391,8 @@ TEST(Checkpoint, SnapshotterSavesACheckpoint) {
   Net net;
   optim::Adam adam(net->parameters());
   train(net, adam, 1);
-  Snapshotter snap({.root = dir.path(), .staging_budget_bytes = 8 << 20, .chunk_bytes = 1 << 20});
+  Snapshotter snap(
+      {.root = dir.path(), .chunk_bytes = 1 << 20, .staging = {.budget_bytes = 8 << 20}});
   snap.save_async("step-1", Checkpoint::of(objects(net, adam), {{"step", 1}})).wait();
   const Checkpoint loaded = load_checkpoint(dir / "step-1");
   EXPECT_EQ(loaded.metadata()["step"], 1);
