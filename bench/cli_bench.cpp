@@ -52,8 +52,8 @@ int main(int argc, char** argv) {
 
   const std::string reps_text = std::to_string(reps);
   const std::string runner = TSNAP_BENCH_CLI_RUNNER;
-  std::vector<const char*> args = {runner.c_str(),   tool.c_str(), reps_text.c_str(),
-                                   dir.c_str(),      snapshot.c_str(), "model.head.bias",
+  std::vector<const char*> args = {runner.c_str(), tool.c_str(),     reps_text.c_str(),
+                                   dir.c_str(),    snapshot.c_str(), "model.head.bias",
                                    nullptr};
   ::execv(runner.c_str(), const_cast<char**>(args.data()));
   std::fprintf(stderr, "cannot run %s: %s\n", runner.c_str(), std::strerror(errno));

@@ -2,8 +2,8 @@
 // the way PyTorch prints tensors (4 decimals or scientific notation, aligned columns, and for
 // more than 1000 elements only the first and last 3 items of each dimension). Reads through
 // the snapshot's mapping, without LibTorch: only the chunks under the tensor (or the rows asked
-// for) are read and verified; a key stored as pieces (a distributed save of sharded state) is assembled from the
-// pieces that overlap what is asked for (cli/keys.h).
+// for) are read and verified; a key stored as pieces (a distributed save of sharded state) is
+// assembled from the pieces that overlap what is asked for (cli/keys.h).
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -150,8 +150,7 @@ std::string block(const std::vector<std::string>& all, const std::vector<int64_t
       column += items[i].size();
     }
   } else {
-    const std::string sep =
-        "," + std::string(dims - dim - 1, '\n') + std::string(indent + 1, ' ');
+    const std::string sep = "," + std::string(dims - dim - 1, '\n') + std::string(indent + 1, ' ');
     for (size_t i = 0; i < items.size(); ++i) out += (i ? sep : "") + items[i];
   }
   return out + "]";
@@ -167,8 +166,7 @@ std::string values_text(const Values& v, bool full) {
     return v.shape.size() == 1 ? "tensor([])" : "tensor([], size=(" + size + "))";
   }
   size_t pos = 0;
-  return "tensor(" + block(cells(v, shown.index), shown.shape, v.shape, summary, 0, pos, 7) +
-         ")";
+  return "tensor(" + block(cells(v, shown.index), shown.shape, v.shape, summary, 0, pos, 7) + ")";
 }
 
 // min / max / mean / std over the finite values.

@@ -89,12 +89,10 @@ std::string number(double v) {
 int run_diff(const DiffOptions& options) {
   const auto ra = restore::MappedSnapshot::open(options.a, !options.no_verify);
   const auto rb = restore::MappedSnapshot::open(options.b, !options.no_verify);
-  const auto in_a = side_keys(ra->manifest(),
-                              options.a_object.empty() ? options.object : options.a_object,
-                              options.a);
-  const auto in_b = side_keys(rb->manifest(),
-                              options.b_object.empty() ? options.object : options.b_object,
-                              options.b);
+  const auto in_a = side_keys(
+      ra->manifest(), options.a_object.empty() ? options.object : options.a_object, options.a);
+  const auto in_b = side_keys(
+      rb->manifest(), options.b_object.empty() ? options.object : options.b_object, options.b);
   std::vector<std::string> keys;
   for (const auto& [k, stored] : in_a) keys.push_back(k);
   for (const auto& [k, stored] : in_b) {

@@ -105,23 +105,35 @@ T element(const uint8_t* data, int64_t i) {
 
 double Values::real(int64_t i) const {
   switch (dtype) {
-    case at::kDouble: return element<double>(data, i);
-    case at::kFloat: return element<float>(data, i);
-    case at::kHalf: return static_cast<float>(element<c10::Half>(data, i));
-    case at::kBFloat16: return static_cast<float>(element<c10::BFloat16>(data, i));
-    default: return static_cast<double>(integer(i));
+    case at::kDouble:
+      return element<double>(data, i);
+    case at::kFloat:
+      return element<float>(data, i);
+    case at::kHalf:
+      return static_cast<float>(element<c10::Half>(data, i));
+    case at::kBFloat16:
+      return static_cast<float>(element<c10::BFloat16>(data, i));
+    default:
+      return static_cast<double>(integer(i));
   }
 }
 
 int64_t Values::integer(int64_t i) const {
   switch (dtype) {
-    case at::kLong: return element<int64_t>(data, i);
-    case at::kInt: return element<int32_t>(data, i);
-    case at::kShort: return element<int16_t>(data, i);
-    case at::kChar: return element<int8_t>(data, i);
-    case at::kByte: return element<uint8_t>(data, i);
-    case at::kBool: return element<uint8_t>(data, i) != 0;
-    default: return static_cast<int64_t>(real(i));
+    case at::kLong:
+      return element<int64_t>(data, i);
+    case at::kInt:
+      return element<int32_t>(data, i);
+    case at::kShort:
+      return element<int16_t>(data, i);
+    case at::kChar:
+      return element<int8_t>(data, i);
+    case at::kByte:
+      return element<uint8_t>(data, i);
+    case at::kBool:
+      return element<uint8_t>(data, i) != 0;
+    default:
+      return static_cast<int64_t>(real(i));
   }
 }
 
@@ -130,12 +142,11 @@ Values read_key(const restore::MappedSnapshot& snap, const KeyView& key,
   const TensorRecord& first = *key.pieces.front();
   std::vector<int64_t> shape = key.read_shape();
   if (rows) {
-    if (shape.empty() || rows->first < 0 || rows->second < rows->first ||
-        rows->second > shape[0]) {
+    if (shape.empty() || rows->first < 0 || rows->second < rows->first || rows->second > shape[0]) {
       throw_error(ErrorCode::kInvalidArgument,
                   "rows [" + std::to_string(rows->first) + ", " + std::to_string(rows->second) +
-                      ") are outside tensor '" + key.name + "' of " +
-                      std::to_string(shape.size()) + " dimensions" +
+                      ") are outside tensor '" + key.name + "' of " + std::to_string(shape.size()) +
+                      " dimensions" +
                       (shape.empty() ? "" : " and " + std::to_string(shape[0]) + " rows"));
     }
   }
@@ -161,8 +172,8 @@ Values read_key(const restore::MappedSnapshot& snap, const KeyView& key,
     box.shape[0] = rows->second - rows->first;
     v.shape[0] = box.shape[0];
   }
-  auto buffer = std::make_shared<std::vector<uint8_t>>(
-      static_cast<uint64_t>(v.numel()) * format::element_size(first.dtype));
+  auto buffer = std::make_shared<std::vector<uint8_t>>(static_cast<uint64_t>(v.numel()) *
+                                                       format::element_size(first.dtype));
   snap.read_box(key.pieces, box, buffer->data());
   v.data = buffer->data();
   v.owned = std::move(buffer);

@@ -26,8 +26,8 @@ namespace {
 int run_torch_tool(char** argv) {
   std::error_code ec;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  const std::filesystem::path tool = (ec ? std::filesystem::path(argv[0]) : self)
-                                         .parent_path() / "tsnap-torch";
+  const std::filesystem::path tool =
+      (ec ? std::filesystem::path(argv[0]) : self).parent_path() / "tsnap-torch";
   ::execv(tool.c_str(), argv);
   std::cerr << "tsnap: error: '" << argv[1] << "' runs " << tool.string() << ", which "
             << (errno == ENOENT ? "is not there (install tsnap's tools together)"

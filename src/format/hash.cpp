@@ -26,9 +26,7 @@ uint64_t hash64(const void* data, size_t n) noexcept {
   return has_avx2() ? hash64_avx2(data, n) : XXH3_64bits(data, n);
 }
 
-std::string hash_hex(uint64_t hash) {
-  return detail::hex64(hash);
-}
+std::string hash_hex(uint64_t hash) { return detail::hex64(hash); }
 
 Hash64Stream::Hash64Stream() : state_(XXH3_createState()) {
   if (state_ == nullptr) throw std::bad_alloc();

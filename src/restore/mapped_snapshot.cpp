@@ -48,7 +48,8 @@ MappedSnapshot::MappedSnapshot(const format::SnapshotDir& dir, bool verify)
       pieced_.insert(manifest_.tensors[i].name);
     }
   }
-  for (size_t i = 0; i < manifest_.files.size(); ++i) file_index_.emplace(manifest_.files[i].name, i);
+  for (size_t i = 0; i < manifest_.files.size(); ++i)
+    file_index_.emplace(manifest_.files[i].name, i);
   maps_.resize(manifest_.files.size());
 }
 
@@ -117,10 +118,10 @@ void MappedSnapshot::read_box(const std::vector<const TensorRecord*>& pieces, co
     for (const Run& r : runs) std::memcpy(out + r.dst * elem, src + r.src * elem, r.n * elem);
   }
   if (covered != wanted) {
-    throw_error(ErrorCode::kUnsupported,
-                "tensor '" + first.name + "' cannot be assembled: its " +
-                    std::to_string(pieces.size()) + " pieces hold " + std::to_string(covered) +
-                    " of the " + std::to_string(wanted) + " elements asked for");
+    throw_error(ErrorCode::kUnsupported, "tensor '" + first.name + "' cannot be assembled: its " +
+                                             std::to_string(pieces.size()) + " pieces hold " +
+                                             std::to_string(covered) + " of the " +
+                                             std::to_string(wanted) + " elements asked for");
   }
 }
 

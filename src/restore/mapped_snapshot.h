@@ -34,8 +34,7 @@ class MappedSnapshot {
   /// Opens the snapshot at `path` (a directory, or "s3://bucket/prefix/name", fetched to a
   /// local copy that lives as long as this object) and reads its manifest. `verify`: check
   /// the XXH3-64 of every chunk a read touches. Errors: those of read_manifest.
-  static std::shared_ptr<const MappedSnapshot> open(const std::filesystem::path& path,
-                                                    bool verify);
+  static std::shared_ptr<const MappedSnapshot> open(const std::filesystem::path& path, bool verify);
   MappedSnapshot(const format::SnapshotDir& dir, bool verify);
   ~MappedSnapshot();
 
@@ -66,7 +65,7 @@ class MappedSnapshot {
   format::SnapshotDir dir_;  // its own descriptor of the directory opened
   bool verify_;
   Manifest manifest_;
-  RecordIndex index_;          // into manifest_
+  RecordIndex index_;  // into manifest_
   std::set<std::string> pieced_;
   std::unordered_map<std::string, size_t> file_index_;
   mutable std::mutex mu_;
