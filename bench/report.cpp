@@ -88,6 +88,8 @@ const std::vector<Ratio>& ratios() {
        false},
       {"torch_save_vs_stall", "torch::save time / tsnap stall", "torch_save", "tsnap_stall", false},
       {"load_vs_raw_read", "cold tsnap::load GB/s / raw read GB/s", "tsnap_load", "raw_read", true},
+      {"verify_vs_raw_read", "cold tsnap::verify GB/s / raw read GB/s", "tsnap_verify", "raw_read",
+       true},
       {"torch_load_vs_load", "cold torch::load / tsnap::load time", "torch_load", "tsnap_load",
        false},
       {"torch_load_vs_load_warm", "warm torch::load / tsnap::load time", "torch_load_warm",

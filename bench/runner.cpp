@@ -62,7 +62,8 @@ std::vector<Measure> measures(const PointSpec& spec, const StateDict& state, boo
               {"memcpy" + key, "memcpy 2 threads (stall floor)" + label, {}, out_bytes},
               {"convert" + key, "convert 2 threads (stall floor)" + label, {}, out_bytes},
               {"tsnap_load" + key, "tsnap::load (cold: files evicted)" + label, {}, 0},
-              {"tsnap_load_warm" + key, "tsnap::load (warm: files cached)" + label, {}, 0}});
+              {"tsnap_load_warm" + key, "tsnap::load (warm: files cached)" + label, {}, 0},
+              {"tsnap_verify" + key, "tsnap::verify (cold: files evicted)" + label, {}, 0}});
   }
   m.insert(m.end(), {{"construct", "Snapshotter construction (pool)", {}, 0},
                      {"first_stall", "first save's stall, right after it", {}, 0},
@@ -179,6 +180,15 @@ PointResult SaveRunner::run(const PointSpec& spec, size_t index) {
         { const StateDict back = tsnap::load(h.path()); }
         r.get("tsnap_load_warm").s.add(since(t1));
         r.get("tsnap_load_warm").bytes = st.tensor_bytes;
+        // What `tsnap verify` does: every chunk of every file read and hashed, from the disk.
+        progress_.show(at + "tsnap verify");
+        for (const std::string& f : files_under(h.path())) evict_from_cache(f);
+        t1 = Clock::now();
+        if (!tsnap::verify(h.path()).empty()) {
+          throw_error(ErrorCode::kHashMismatch, "the benchmark's snapshot fails verification");
+        }
+        r.get("tsnap_verify").s.add(since(t1));
+        r.get("tsnap_verify").bytes = st.bytes;
       }
       detail::remove_tree(h.path().string());
     }

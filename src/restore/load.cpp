@@ -12,6 +12,7 @@
 #include "format/dtype.h"
 #include "format/manifest_io.h"
 #include "restore/read_chunks.h"
+#include "restore/read_hot_chunks.h"
 #include "restore/read_plan.h"
 #include "restore/read_snapshot.h"
 #include "restore/s3_fetch.h"

@@ -23,10 +23,12 @@
 #include "common/progress_meter.h"
 #include "common/sys_error.h"
 #include "format/convert.h"
+#include "format/dtype.h"
 #include "format/hash.h"
 #include "format/safetensors.h"
 #include "io/engine_host.h"
 #include "io/fd.h"
+#include "restore/chunk_source.h"
 #include "restore/shard_reader.h"
 #include "tsnap/error.h"
 
@@ -77,25 +79,6 @@ class ReadBuffers {
  private:
   detail::AnonMemory memory_;
   uint64_t bytes_;
-};
-
-// Where a load's chunks come from: the shard files, read through an io engine into read
-// buffers (FileChunks), or a hot image's staging buffers, in memory already (HotChunks). The
-// checks, the hashing and the scatter into the targets (Reads) are the same for both.
-class ChunkSource {
- public:
-  virtual ~ChunkSource() = default;
-  // Gets chunk `job` of the plan into slot `slot` (a read buffer), then calls done(bytes or
-  // -errno), on another thread or at once on this one.
-  virtual void fetch(size_t job, int slot, io::Done done) = 0;
-  // The bytes of chunk `job`, once fetched into `slot`.
-  virtual const uint8_t* data(size_t job, int slot) const = 0;
-  // The checks (hashes, error labels) of plan file `file`.
-  virtual const ChunkCheck& check(size_t file) const = 0;
-  // Chunks read in place: the pieces of chunk `job` (indexes into its pieces, in chunk order)
-  // that the fetch put straight into their targets, and the rest of the chunk into the slot's
-  // buffer at its offset; null when all of it went to the buffer.
-  virtual const std::vector<size_t>* in_place(size_t job) const { return nullptr; }
 };
 
 // The pieces of `c` that need no conversion, in chunk order, when a read can put them
@@ -183,30 +166,6 @@ class FileChunks : public ChunkSource {
   std::vector<std::vector<size_t>> in_place_;  // per job: in_place_pieces, empty: not in place
 };
 
-class HotChunks : public ChunkSource {
- public:
-  HotChunks(const ReadPlan& plan, const stage::HotImage& image) : plan_(plan), image_(image) {
-    for (const FileRecord* f : plan.files) {
-      checks_.emplace_back(*f, (image.path() / f->name).string() + " (hot, in memory)",
-                           "the hot copy in memory");
-    }
-  }
-  void fetch(size_t job, int, io::Done done) override {
-    done(static_cast<int>(plan_.chunks[job].length));
-  }
-  const uint8_t* data(size_t job, int) const override {
-    const ChunkRead& c = plan_.chunks[job];
-    return image_.chunk(*plan_.files[c.file], c.chunk) +
-           (c.offset - c.chunk * checks_[c.file].file().chunk_bytes);
-  }
-  const ChunkCheck& check(size_t file) const override { return checks_[file]; }
-
- private:
-  const ReadPlan& plan_;
-  const stage::HotImage& image_;
-  std::vector<ChunkCheck> checks_;
-};
-
 // Copies (or converts) bytes [lo, hi) of the chunk in `buf` into the targets of its pieces
 // that overlap them, and counts the bytes written per target. `lo` and `hi` fall on element
 // boundaries of every converted piece: they are 0, the chunk's length, or multiples of kHashPiece,
@@ -227,8 +186,8 @@ void scatter(const ChunkRead& c, const uint8_t* buf, uint64_t lo, uint64_t hi,
     if (from == t.dtype) {
       std::memcpy(static_cast<uint8_t*>(t.data) + dest_off, src, b - a);
     } else {
-      const uint64_t in = c10::elementSize(from);
-      uint8_t* dst = static_cast<uint8_t*>(t.data) + dest_off / in * c10::elementSize(t.dtype);
+      const uint64_t in = format::element_size(from);
+      uint8_t* dst = static_cast<uint8_t*>(t.data) + dest_off / in * format::element_size(t.dtype);
       format::convert(src, from, dst, t.dtype, (b - a) / in);
     }
     written[p.target].fetch_add(b - a, std::memory_order_relaxed);
@@ -483,8 +442,8 @@ class Prefault {
         const Target& t = targets[p.target];
         if (seen[p.target] || !t.runs.empty()) continue;
         seen[p.target] = true;
-        const uint64_t bytes = t.stored_bytes() / c10::elementSize(t.record->dtype) *
-                               c10::elementSize(t.dtype);
+        const uint64_t bytes = t.stored_bytes() / format::element_size(t.record->dtype) *
+                               format::element_size(t.dtype);
         if (bytes >= kMinBytes) regions_.push_back({static_cast<uint8_t*>(t.data), bytes});
       }
     }
@@ -521,6 +480,8 @@ class Prefault {
   std::thread thread_;
 };
 
+}  // namespace
+
 // Runs the reads of `plan` from `source` with `slots` fetches at once and `extra` processor
 // threads besides this one, then (atomic) scatters them; throws the first error.
 void run_reads(const ReadPlan& plan, const std::vector<Target>& targets, ChunkSource& source,
@@ -537,8 +498,6 @@ void run_reads(const ReadPlan& plan, const std::vector<Target>& targets, ChunkSo
   }
   if (options.atomic) reads.scatter_deferred(extra);
 }
-
-}  // namespace
 
 OpenedShards open_shards(const format::SnapshotDir& dir, const Manifest& manifest,
                          const std::vector<const TensorRecord*>& records) {
@@ -635,22 +594,6 @@ ReadStats read_chunks(const format::SnapshotDir& dir, const Manifest& manifest,
   const ReadBuffers buffers(count, buf_bytes, /*huge=*/any_direct);
   FileChunks source(plan, shards, engine, buffers, targets, options.atomic);
   run_reads(plan, targets, source, options, in_place, count, extra);
-  stats.bytes = plan.bytes;
-  return stats;
-}
-
-ReadStats read_hot_chunks(const stage::HotImage& image, const std::vector<Target>& targets,
-                          const ReadPlan& plan, const LoadOptions& options, bool in_place) {
-  ReadStats stats;
-  stats.engine = "memory";
-  if (plan.chunks.empty()) return stats;
-  HotChunks source(plan, image);
-  // Nothing to wait for: one processor per core hashes and copies. An atomic load fetches
-  // every chunk at once (each is verified before any is scattered) and needs no buffer.
-  const size_t n = plan.chunks.size();
-  const size_t cores = std::max(1u, std::thread::hardware_concurrency());
-  const size_t slots = options.atomic ? n : std::min(n, cores);
-  run_reads(plan, targets, source, options, in_place, slots, std::min(n, cores) - 1);
   stats.bytes = plan.bytes;
   return stats;
 }

@@ -1,7 +1,8 @@
 #pragma once
-// Executes a ReadPlan: the one read path of `load` and `load_into`, from the shard files or,
-// for a hot snapshot, from the staging buffers that hold its chunks (read_hot_chunks: steps 3
-// and the atomic rule below apply the same, with nothing to read).
+// Executes a ReadPlan: the one read path of `load`, `load_into` and `verify`, from the shard
+// files or, for a hot snapshot, from the staging buffers that hold its chunks
+// (restore/read_hot_chunks.h: steps 3 and the atomic rule below apply the same, with nothing
+// to read).
 //
 // 1. Open every shard of the plan (missing / truncated / disagreeing shards fail here, before
 //    any destination byte changes), or take those the caller opened already, and read each with
@@ -28,7 +29,6 @@
 #include "format/open_file.h"
 #include "restore/read_plan.h"
 #include "restore/shard_reader.h"
-#include "stage/hot_image.h"
 #include "tsnap/load.h"
 
 namespace tsnap::restore {
@@ -55,12 +55,5 @@ OpenedShards open_shards(const format::SnapshotDir& dir, const Manifest& manifes
 ReadStats read_chunks(const format::SnapshotDir& dir, const Manifest& manifest,
                       const std::vector<Target>& targets, const ReadPlan& plan,
                       const LoadOptions& options, bool in_place, OpenedShards* opened = nullptr);
-
-/// Reads `plan` (made from `targets` of `image`'s manifest, whole chunks) from a hot image's
-/// staging buffers: the same checks, hashing and scatter as read_chunks, no I/O. The caller
-/// pins `image` for the call. Uses options.verify and atomic (which needs no read buffers
-/// here). Errors: as tsnap::load_into (kHashMismatch naming the file "(hot, in memory)").
-ReadStats read_hot_chunks(const stage::HotImage& image, const std::vector<Target>& targets,
-                          const ReadPlan& plan, const LoadOptions& options, bool in_place);
 
 }  // namespace tsnap::restore
