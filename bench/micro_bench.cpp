@@ -15,6 +15,7 @@
 #include "bench/workloads.h"
 #include "format/convert.h"
 #include "format/hash.h"
+#include "format/manifest_io.h"
 #include "plan/plan.h"
 #include "stage/fill.h"
 
@@ -120,6 +121,45 @@ void BM_PlanSmallTensorsReused(benchmark::State& state) {
   state.counters["tensors"] = static_cast<double>(state.range(0));
 }
 BENCHMARK(BM_PlanSmallTensorsReused)->Arg(1000)->Arg(10000)->Unit(benchmark::kMillisecond);
+
+// The commit's CPU work on the manifest of `range(0)` small tensors: the text, and (second
+// benchmark) the check that its own reader accepts it, and (third) the parse a hot image does.
+tsnap::Manifest small_manifest(int count) {
+  const tsnap::StateDict sd = tsnap::bench::small_tensors(count);
+  const tsnap::plan::Plan plan = tsnap::plan::make_plan(sd, {}, 16ull << 20, "micro", 1);
+  tsnap::Manifest m;
+  m.id = "0000000000000001-00000001";
+  m.created = "2026-01-01T00:00:00Z";
+  m.created_unix_ns = 1767225600ll * 1000000000ll;
+  for (const auto& file : plan.files) {
+    m.files.push_back({file.name, file.size, file.data_offset, file.chunk_bytes,
+                       std::vector<uint64_t>(file.num_chunks(), 0x0123456789abcdefull)});
+    for (const auto& t : file.tensors) {
+      m.tensors.push_back({t.name, file.name, t.dtype, t.source_dtype, t.shape, t.begin, t.end});
+    }
+  }
+  return m;
+}
+
+void BM_ManifestText(benchmark::State& state) {
+  const tsnap::Manifest m = small_manifest(static_cast<int>(state.range(0)));
+  for (auto _ : state) benchmark::DoNotOptimize(tsnap::format::manifest_to_text(m));
+}
+BENCHMARK(BM_ManifestText)->Arg(10000)->Unit(benchmark::kMillisecond);
+
+void BM_ManifestCheck(benchmark::State& state) {
+  const std::string text =
+      tsnap::format::manifest_to_text(small_manifest(static_cast<int>(state.range(0))));
+  for (auto _ : state) tsnap::format::check_manifest_readable(text);
+}
+BENCHMARK(BM_ManifestCheck)->Arg(10000)->Unit(benchmark::kMillisecond);
+
+void BM_ManifestParse(benchmark::State& state) {
+  const std::string text =
+      tsnap::format::manifest_to_text(small_manifest(static_cast<int>(state.range(0))));
+  for (auto _ : state) benchmark::DoNotOptimize(tsnap::format::parse_manifest(text, "micro"));
+}
+BENCHMARK(BM_ManifestParse)->Arg(10000)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
