@@ -138,7 +138,7 @@ struct TSNAP_API PeriodicOptions {
 /// writers are removed when a Snapshotter starts alone on the root (a `flock` on the root).
 /// With a two-tier Snapshotter (SnapshotterOptions::tier.durable_root) retention runs after each
 /// drain instead, on the drain thread: the keep rules on the durable root, then on the local
-/// root, where a snapshot not drained yet is never deleted (the Snapshotter's local_keep_last
+/// root, where a snapshot not drained yet is never deleted (the Snapshotter's tier.local_keep_last
 /// applies there too). `resume` considers both roots (on a tie the local copy; the durable copy
 /// when the local one fails to load), and `finish` also waits for the drain.
 ///

@@ -150,7 +150,7 @@ struct TSNAP_API DrainStats {
   std::string last_error;  ///< The latest failure's message, empty if none.
 };
 
-/// Takes snapshots under `options.root` (and drains them to `options.tier.tier.tier.durable_root`).
+/// Takes snapshots under `options.root` (and drains them to `options.tier.durable_root`).
 /// Thread-safety: all methods may be called from any thread. Ownership: owns its buffers and
 /// threads. Destruction waits for every save in flight to commit or fail (never leaves a
 /// committed-looking partial snapshot); callers that want to give up call `wait_all()` first.

@@ -94,7 +94,11 @@ class Snapshotter:
     and the io_uring writer. ``close()`` (or leaving a ``with`` block, or garbage collection)
     waits for every save in flight to commit or fail.
 
-    Arguments mirror ``tsnap::SnapshotterOptions``: ``chunk_bytes`` (multiple of 4096),
+    Arguments mirror ``tsnap::SnapshotterOptions``, flat (``stage_threads`` is
+    ``staging.threads``, ``staging_budget`` ``staging.budget_bytes``, ``keep_hot``
+    ``staging.keep_hot``; ``io_threads``, ``queue_depth``, ``engine`` and ``direct_io`` are
+    ``io.*``; ``durable_root``, ``drain_bytes_per_second`` and ``local_keep_last`` are
+    ``tier.*``): ``chunk_bytes`` (multiple of 4096),
     ``stage_threads`` (0 = every core for eager staging, half for lazy), ``io_threads``,
     ``queue_depth``, ``engine`` ('auto', 'io_uring', 'pwrite'), ``direct_io``,
     ``max_in_flight`` (saves writing at once), ``when_busy`` ('wait': a save beyond max_in_flight waits; 'fail': raises tsnap.Error busy),

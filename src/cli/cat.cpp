@@ -157,14 +157,14 @@ std::string block(const std::vector<std::string>& all, const std::vector<int64_t
 }
 
 std::string values_text(const Values& v, bool full) {
-  const bool summary = !full && v.numel() > kThreshold;
-  const Shown shown = shown_elements(v.shape, summary);
   if (v.shape.empty()) return "tensor(" + cells(v, {0})[0] + ")";
   if (v.numel() == 0) {
     std::string size;
     for (int64_t d : v.shape) size += (size.empty() ? "" : ", ") + std::to_string(d);
     return v.shape.size() == 1 ? "tensor([])" : "tensor([], size=(" + size + "))";
   }
+  const bool summary = !full && v.numel() > kThreshold;
+  const Shown shown = shown_elements(v.shape, summary);
   size_t pos = 0;
   return "tensor(" + block(cells(v, shown.index), shown.shape, v.shape, summary, 0, pos, 7) + ")";
 }

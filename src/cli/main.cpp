@@ -28,7 +28,11 @@ int run_torch_tool(char** argv) {
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
   const std::filesystem::path tool =
       (ec ? std::filesystem::path(argv[0]) : self).parent_path() / "tsnap-torch";
-  ::execv(tool.c_str(), argv);
+  if (tool.has_parent_path()) {
+    ::execv(tool.c_str(), argv);
+  } else {
+    ::execvp("tsnap-torch", argv);  // started through PATH, and /proc is not mounted
+  }
   std::cerr << "tsnap: error: '" << argv[1] << "' runs " << tool.string() << ", which "
             << (errno == ENOENT ? "is not there (install tsnap's tools together)"
                                 : std::string("cannot run: ") + std::strerror(errno))

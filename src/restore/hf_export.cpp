@@ -186,7 +186,7 @@ std::vector<OutTensor> read_tensors(const restore::MappedSnapshot& snap, const f
       const uint64_t n = *nbytes / format::element_size(r.dtype);
       auto converted =
           std::make_shared<std::vector<uint8_t>>(n * format::element_size(*options.dtype));
-      format::convert(t.data, r.dtype, converted->data(), *options.dtype, n);
+      if (n > 0) format::convert(t.data, r.dtype, converted->data(), *options.dtype, n);
       t.owned = std::move(converted);
       t.data = t.owned->data();
       t.dtype = *options.dtype;

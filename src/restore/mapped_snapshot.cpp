@@ -84,8 +84,9 @@ const MappedSnapshot::Mapping& MappedSnapshot::mapping(const std::string& file) 
 }
 
 const uint8_t* MappedSnapshot::bytes(const TensorRecord& r, uint64_t begin, uint64_t end) const {
+  if (begin >= end) return nullptr;  // nothing to read: the shard is not needed
   const Mapping& m = mapping(r.file);
-  if (verify_ && begin < end) {
+  if (verify_) {
     // Hashes the not yet verified chunks under [begin, end).
     const uint64_t cb = m.reader->file().chunk_bytes;
     for (uint64_t c = begin / cb; c <= (end - 1) / cb; ++c) {
@@ -114,6 +115,7 @@ void MappedSnapshot::read_box(const std::vector<const TensorRecord*>& pieces, co
       hi = std::max(hi, (r.src + r.n) * elem);
       covered += r.n;
     }
+    if (hi == lo) continue;
     const uint8_t* src = bytes(*p, p->begin + lo, p->begin + hi) - lo;
     for (const Run& r : runs) std::memcpy(out + r.dst * elem, src + r.src * elem, r.n * elem);
   }

@@ -47,7 +47,8 @@ class MappedSnapshot {
   bool pieced(const std::string& key) const { return pieced_.count(key) != 0; }
 
   /// Bytes [begin, end) of `r`'s shard file, mapped (and their chunks verified when the
-  /// snapshot was opened with `verify`). Valid as long as this object. Errors: IoError for a
+  /// snapshot was opened with `verify`); null for an empty range, which opens nothing. Valid
+  /// as long as this object. Errors: IoError for a
   /// missing shard, FormatError for one that disagrees with the manifest or a hash mismatch
   /// naming file and chunk.
   const uint8_t* bytes(const TensorRecord& r, uint64_t begin, uint64_t end) const;
@@ -62,6 +63,7 @@ class MappedSnapshot {
   struct Mapping;
   const Mapping& mapping(const std::string& file) const;
 
+  std::shared_ptr<const FetchedSnapshot> fetched_;  // the local copy of an s3:// one (last to go)
   format::SnapshotDir dir_;  // its own descriptor of the directory opened
   bool verify_;
   Manifest manifest_;
@@ -70,7 +72,6 @@ class MappedSnapshot {
   std::unordered_map<std::string, size_t> file_index_;
   mutable std::mutex mu_;
   mutable std::vector<std::unique_ptr<Mapping>> maps_;  // by file index, made on first use
-  std::shared_ptr<const FetchedSnapshot> fetched_;      // the local copy of an s3:// one
 };
 
 }  // namespace tsnap::restore

@@ -47,6 +47,8 @@ bool sound(const format::SnapshotDir& dir, const Manifest& m) {
   } catch (const Error& e) {
     if (restore::lost_to_overwrite(e, dir)) throw;
     return false;
+  } catch (const std::exception&) {
+    return false;  // e.g. no memory for the read buffers: the walk below needs one chunk
   }
 }
 

@@ -16,8 +16,8 @@
 #include "support/test_util.h"
 #include "support/tool_run.h"
 #include "tsnap/load.h"
-#include "tsnap/snapshotter.h"
 #include "tsnap/save.h"
+#include "tsnap/snapshotter.h"
 
 namespace tsnap {
 namespace {
@@ -68,8 +68,8 @@ TEST_F(Cli, ExportHfOneObjectAsBf16) {
   EXPECT_EQ(h.metadata.at("format"), "pt");
 
   // A checkpoint of several objects without --object is refused, naming them.
-  const ToolRun objects = tsnap_cli("export --hf " + quoted(dir_.path() / "all") + " " +
-                                    quoted(snap()));
+  const ToolRun objects =
+      tsnap_cli("export --hf " + quoted(dir_.path() / "all") + " " + quoted(snap()));
   EXPECT_EQ(objects.status, 1) << objects.output;
   EXPECT_TRUE(has(objects.output, "2 objects (model, optimizer)")) << objects.output;
   EXPECT_TRUE(has(objects.output, "--object model")) << objects.output;
@@ -91,7 +91,8 @@ TEST_F(Cli, ExportHfOneObjectAsBf16) {
 
   // An existing output is refused; a wrong dtype is a usage error.
   EXPECT_EQ(tsnap_cli("export --hf " + quoted(out) + " " + quoted(bare)).status, 1);
-  const ToolRun linked = tsnap_cli("export --hf " + quoted(out) + " " + quoted(bare) + " --overwrite");
+  const ToolRun linked =
+      tsnap_cli("export --hf " + quoted(out) + " " + quoted(bare) + " --overwrite");
   EXPECT_EQ(linked.status, 0) << linked.output;
   EXPECT_TRUE(has(linked.output, "hard links")) << linked.output;
   const ToolRun copied =
@@ -115,8 +116,8 @@ TEST_F(Cli, CatAndDiffAddressAnObjectOfACheckpoint) {
       tsnap_cli("diff " + quoted(snap()) + " " + quoted(root() / "bare") + " --a-object model");
   EXPECT_EQ(same.status, 0) << same.output;
   EXPECT_TRUE(has(same.output, "identical: 2 tensors")) << same.output;
-  const ToolRun both = tsnap_cli("diff " + quoted(snap()) + " " + quoted(snap()) +
-                                 " --object optimizer");
+  const ToolRun both =
+      tsnap_cli("diff " + quoted(snap()) + " " + quoted(snap()) + " --object optimizer");
   EXPECT_EQ(both.status, 0) << both.output;
   EXPECT_TRUE(has(both.output, "identical: 1 tensor")) << both.output;
   const ToolRun all = tsnap_cli("diff " + quoted(snap()) + " " + quoted(root() / "bare"));
@@ -189,6 +190,56 @@ TEST_F(Cli, ControlCharactersInKeysAreEscaped) {
   EXPECT_EQ(run.status, 0) << run.output;
   EXPECT_TRUE(has(run.output, "bad\\x0akey\\x1b[31m")) << run.output;
   EXPECT_FALSE(has(run.output, "\x1b")) << run.output;
+}
+
+// `cat` decodes the stored bytes itself (the tool links no LibTorch) and prints them as PyTorch
+// does: integers, floating values with 4 decimals, integral floats as "3.", a summary of the
+// first and last 3 items beyond 1000 elements, bf16 decoded exactly.
+TEST_F(Cli, CatPrintsStoredValuesAsPyTorchDoes) {
+  StateDict state;
+  state.insert("ints", at::arange(10, at::kLong));
+  state.insert("halves", at::tensor({1.5f, -2.25f}).to(at::kBFloat16));
+  state.insert("long", at::arange(2000, at::kFloat));
+  state.insert("flag", at::tensor({1, 0}, at::kInt).to(at::kBool));
+  state.insert("scalar", at::scalar_tensor(7, at::kLong));
+  state.insert("hundreds", at::arange(100, 1101, at::kFloat));
+  const fs::path values = root() / "values";
+  save(values, state);
+  const auto cat = [&](const std::string& key) {
+    const ToolRun run = tsnap_cli("cat " + quoted(values) + " " + key);
+    EXPECT_EQ(run.status, 0) << run.output;
+    return run.output;
+  };
+  const std::string ints = cat("ints"), halves = cat("halves"), many = cat("long");
+  const std::string flag = cat("flag"), scalar = cat("scalar"), hundreds = cat("hundreds");
+  EXPECT_TRUE(has(ints, "tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 9])\n")) << ints;
+  EXPECT_TRUE(has(halves, "tensor([ 1.5000, -2.2500])\n")) << halves;
+  EXPECT_TRUE(has(halves, "dtype:  BF16\n")) << halves;
+  // What torch.arange(2000.) and torch.arange(100, 1101.) print, wrapped lines included.
+  EXPECT_TRUE(has(many,
+                  "tensor([0.0000e+00, 1.0000e+00, 2.0000e+00,  ..., 1.9970e+03, 1.9980e+03,\n"
+                  "        1.9990e+03])\n"))
+      << many;
+  EXPECT_TRUE(has(hundreds, "tensor([ 100.,  101.,  102.,  ..., 1098., 1099., 1100.])\n"))
+      << hundreds;
+  EXPECT_TRUE(has(many, "min 0  max 1999  mean 999.5")) << many;
+  EXPECT_TRUE(has(flag, "tensor([ True, False])\n")) << flag;
+  EXPECT_TRUE(has(scalar, "tensor(7)\n")) << scalar;
+  const ToolRun rows = tsnap_cli("cat " + quoted(values) + " long --rows 1998:2000");
+  EXPECT_TRUE(has(rows.output, "tensor([1998., 1999.])\n")) << rows.output;
+}
+
+// bench and consolidate make tensors: `tsnap` hands them to tsnap-torch, next to it, with the
+// same command line (help, usage errors and exit codes included).
+TEST_F(Cli, CommandsThatMakeTensorsRunInTsnapTorch) {
+  const ToolRun help = tsnap_cli("bench --help");
+  EXPECT_EQ(help.status, 0) << help.output;
+  EXPECT_TRUE(has(help.output, "--preset")) << help.output;
+  const ToolRun bad = tsnap_cli("consolidate --no-such-option");
+  EXPECT_EQ(bad.status, 2) << bad.output;
+  const ToolRun list = tsnap_cli("--help");
+  EXPECT_TRUE(has(list.output, "bench")) << list.output;
+  EXPECT_TRUE(has(list.output, "consolidate")) << list.output;
 }
 
 }  // namespace
