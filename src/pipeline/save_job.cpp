@@ -119,6 +119,7 @@ void SaveJob::stage(bool lazy) {
     for (const plan::PlannedFile& file : plan_.files) {
       sources.push_back(stage::prepare_sources(file));
     }
+    defer_writes_ = !lazy && res_.pool->count() - res_.pool->in_use() >= plan_.chunks.size();
     (lazy ? res_.lazy_arena : res_.arena)->execute([&] {
       tbb::parallel_for(size_t{0}, plan_.chunks.size(), [&](size_t i) {
         if (!failed_) stage_chunk(i, sources);
@@ -139,6 +140,8 @@ void SaveJob::stage(bool lazy) {
     stage_error = error_;
   }
   state_->mark_staged(stage_error);
+  for (const auto& [ref, buf, len] : deferred_) submit(ref, buf, len, std::nullopt);
+  deferred_.clear();
   release_token();
 }
 
@@ -171,6 +174,11 @@ void SaveJob::stage_chunk(size_t index, const std::vector<stage::Sources>& sourc
     auto self = shared_from_this();
     boost::asio::post(*res_.blocking,
                       [self, ref, buf, len] { self->compare_and_submit(ref, buf, len); });
+    return;
+  }
+  if (defer_writes_) {
+    std::lock_guard<std::mutex> lock(deferred_mu_);
+    deferred_.emplace_back(ref, buf, len);
     return;
   }
   submit(ref, buf, len, std::nullopt);

@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <tuple>
 #include <optional>
 #include <map>
 #include <set>
@@ -119,6 +120,15 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   // Incremental saves: per file, per chunk, the hash of each tensor piece it holds (in order).
   std::vector<std::vector<std::vector<uint64_t>>> piece_hashes_;
   std::atomic<uint64_t> pending_{1};  // submitted writes not completed, +1 while staging
+  // Eager staging into a pool with a free buffer for every chunk: the writes start once
+  // staging ends (right after the caller is released), so that the io thread's writes and
+  // hashes do not share the cores and the memory bandwidth with the copy the caller waits for
+  // (measured on 2 cores: a steadier stall, 0.90-0.97x the memcpy floor, and a durable time no
+  // longer). The chunks staged meanwhile, to submit then. A pool that cannot hold the save
+  // writes as it stages: its buffers come back only from completed writes.
+  bool defer_writes_ = false;
+  std::mutex deferred_mu_;
+  std::vector<std::tuple<plan::ChunkRef, int, uint64_t>> deferred_;
   std::atomic<bool> failed_{false};
   bool keep_temporary_ = false;  // distributed: rank 0 went silent and may still commit
   double coordinate_s_ = 0;      // distributed: waiting for the other ranks / rank 0's verdict
