@@ -4,6 +4,7 @@
 
 #include <tbb/task_arena.h>
 
+#include <atomic>
 #include <boost/asio/thread_pool.hpp>
 #include <memory>
 
@@ -20,6 +21,10 @@ struct Resources {
   std::unique_ptr<tbb::task_arena> arena;       // eager staging (the caller waits for it)
   std::unique_ptr<tbb::task_arena> lazy_arena;  // lazy staging (overlaps the training)
   std::unique_ptr<boost::asio::thread_pool> blocking;
+  // Set while a save stages with its writes held back (SaveJob::defer_writes_): one at a time,
+  // so that two eager saves staged at once from two threads never both hold buffers unwritten
+  // while each waits for the other's.
+  std::atomic<bool> deferring{false};
 };
 
 }  // namespace tsnap::pipeline

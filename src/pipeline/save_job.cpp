@@ -119,7 +119,9 @@ void SaveJob::stage(bool lazy) {
     for (const plan::PlannedFile& file : plan_.files) {
       sources.push_back(stage::prepare_sources(file));
     }
-    defer_writes_ = !lazy && res_.pool->count() - res_.pool->in_use() >= plan_.chunks.size();
+    bool idle = false;
+    defer_writes_ = !lazy && res_.pool->count() - res_.pool->in_use() >= plan_.chunks.size() &&
+                    res_.deferring.compare_exchange_strong(idle, true);
     (lazy ? res_.lazy_arena : res_.arena)->execute([&] {
       tbb::parallel_for(size_t{0}, plan_.chunks.size(), [&](size_t i) {
         if (!failed_) stage_chunk(i, sources);
@@ -142,6 +144,7 @@ void SaveJob::stage(bool lazy) {
   state_->mark_staged(stage_error);
   for (const auto& [ref, buf, len] : deferred_) submit(ref, buf, len, std::nullopt);
   deferred_.clear();
+  if (defer_writes_) res_.deferring.store(false);
   release_token();
 }
 

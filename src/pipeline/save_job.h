@@ -125,7 +125,9 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   // hashes do not share the cores and the memory bandwidth with the copy the caller waits for
   // (measured on 2 cores: a steadier stall, 0.90-0.97x the memcpy floor, and a durable time no
   // longer). The chunks staged meanwhile, to submit then. A pool that cannot hold the save
-  // writes as it stages: its buffers come back only from completed writes.
+  // writes as it stages: its buffers come back only from completed writes. So does a save
+  // staged while another holds its writes back (Resources::deferring): at most one save holds
+  // unwritten buffers, so every wait for a buffer ends.
   bool defer_writes_ = false;
   std::mutex deferred_mu_;
   std::vector<std::tuple<plan::ChunkRef, int, uint64_t>> deferred_;
