@@ -18,11 +18,11 @@
 #include "common/owner_process.h"
 #include "common/sys_error.h"
 #include "dist/coordinator.h"
-#include "io/thread_priority.h"
 #include "format/layout.h"
-#include "format/s3_root.h"
 #include "format/manifest_io.h"
+#include "format/s3_root.h"
 #include "format/safetensors.h"
+#include "io/thread_priority.h"
 #include "pipeline/commit.h"
 #include "pipeline/drain.h"
 #include "pipeline/rank_report.h"
@@ -30,6 +30,7 @@
 #include "pipeline/root_lock.h"
 #include "pipeline/save_job.h"
 #include "plan/plan.h"
+#include "plan/sample_hash.h"
 #include "stage/hot_image.h"
 #include "tsnap/catalog.h"
 #include "tsnap/dist_group.h"
@@ -75,10 +76,20 @@ struct TSNAP_HIDDEN Snapshotter::Impl {
   // one before (plan::Layout::unchanged), and its keys' signatures (SaveJob::Learned).
   std::shared_ptr<const std::set<std::string>> unchanged;
   std::map<std::string, std::vector<uint64_t>> signatures;
+  // The keys whose signatures a committed save has compared with its base's, and for the
+  // others (no comparison yet: the first incremental saves of a key) their plan::sample_hash
+  // at the last incremental save's start: equal samples put a key among the unchanged (with a
+  // comparison, the signatures decide), so that frozen tensors get files of their own at the
+  // first incremental save rather than the second. Guarded by base_mu.
+  std::shared_ptr<const std::set<std::string>> compared = std::make_shared<std::set<std::string>>();
+  std::map<std::string, uint64_t> samples;
 
   // The base of an incremental save: the last snapshot committed here, else the newest under
   // the root; null when there is none (or it cannot be read: the save is then a full one).
   std::unique_ptr<plan::Base> find_base();
+  // An incremental save's plan::Layout::unchanged: what the last committed save found
+  // unchanged, and the keys without a comparison yet whose samples are as at the last save.
+  std::shared_ptr<const std::set<std::string>> guess_unchanged(const StateDict& state);
   std::unique_ptr<pipeline::Drain> drain;  // with a durable tier (drain.h)
   // keep_hot: the hot images, made with the pool (guarded by pool_mu like it); destroyed before
   // it (~Impl), after every save.
@@ -205,6 +216,36 @@ void Snapshotter::Impl::make_pool(uint64_t budget) {
     hot = std::make_unique<stage::HotImages>(*res.pool);
     res.pool->set_reclaim([images = hot.get()] { images->reclaim(); });
   }
+}
+
+std::shared_ptr<const std::set<std::string>> Snapshotter::Impl::guess_unchanged(
+    const StateDict& state) {
+  std::shared_ptr<const std::set<std::string>> learned, seen;
+  {
+    std::lock_guard<std::mutex> lock(base_mu);
+    learned = unchanged;
+    seen = compared;
+  }
+  std::map<std::string, uint64_t> now;  // read outside the lock: the caller's tensors
+  for (const auto& [key, entry] : state) {
+    if (seen->count(key) != 0) continue;
+    if (const std::optional<uint64_t> sample = plan::sample_hash(entry.tensor)) {
+      now.emplace(key, *sample);
+    }
+  }
+  std::set<std::string> same;
+  {
+    std::lock_guard<std::mutex> lock(base_mu);
+    for (const auto& [key, sample] : now) {
+      const auto it = samples.find(key);
+      if (it != samples.end() && it->second == sample) same.insert(key);
+    }
+    samples = std::move(now);
+  }
+  if (same.empty()) return learned;
+  auto out = std::make_shared<std::set<std::string>>(std::move(same));
+  if (learned) out->insert(learned->begin(), learned->end());
+  return out;
 }
 
 std::unique_ptr<plan::Base> Snapshotter::Impl::find_base() {
@@ -413,10 +454,7 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
     layout.base = base.get();
   }
   std::shared_ptr<const std::set<std::string>> unchanged_keys;
-  if (layout.incremental) {
-    std::lock_guard<std::mutex> lock(base_mu);
-    unchanged_keys = unchanged;
-  }
+  if (layout.incremental) unchanged_keys = guess_unchanged(state);
   layout.unchanged = unchanged_keys.get();
   std::deque<std::shared_ptr<const plan::Plan>> previous;
   if (!layout.incremental) {
@@ -451,11 +489,15 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
             std::lock_guard<std::mutex> lock(base_mu);
             last_committed = name;
             auto same = std::make_shared<std::set<std::string>>(std::move(learned.carried));
+            auto seen = std::make_shared<std::set<std::string>>();
             for (const auto& [key, signature] : learned.signatures) {
               const auto it = signatures.find(key);
-              if (it != signatures.end() && it->second == signature) same->insert(key);
+              if (it == signatures.end()) continue;
+              seen->insert(key);
+              if (it->second == signature) same->insert(key);
             }
             unchanged = std::move(same);
+            compared = std::move(seen);
             signatures = std::move(learned.signatures);
           }
           release_slot(name);

@@ -1,5 +1,6 @@
 #include "stage/hot_image.h"
 
+#include <map>
 #include <utility>
 
 #include "tsnap/error.h"
@@ -11,6 +12,7 @@ HotImage::HotImage(HotImages& registry, StagingPool& pool, uint64_t seq, std::st
     : registry_(registry), pool_(pool), seq_(seq), name_(std::move(name)), path_(std::move(path)) {
   bufs_.resize(plan.files.size());
   for (size_t f = 0; f < plan.files.size(); ++f) {
+    names_.push_back(plan.files[f].name);
     bufs_[f].assign(plan.files[f].num_chunks(), -1);
     missing_ += bufs_[f].size();
   }
@@ -52,6 +54,14 @@ void HotImage::commit(Manifest manifest) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (manifest.files.size() != bufs_.size()) return;  // not this image's save: never install
+    std::map<std::string, size_t> by_name;
+    for (size_t f = 0; f < names_.size(); ++f) by_name.emplace(names_[f], f);
+    plan_file_.clear();
+    for (const FileRecord& file : manifest.files) {
+      const auto it = by_name.find(file.name);
+      if (it == by_name.end()) return;
+      plan_file_.push_back(it->second);
+    }
     manifest_ = std::make_shared<const Manifest>(std::move(manifest));
   }
   registry_.install(shared_from_this());
@@ -63,7 +73,7 @@ size_t HotImage::file_index(const FileRecord& file) const {
     throw_error(ErrorCode::kInvalidArgument,
                 "file record " + file.name + " is not one of hot image " + path_.string());
   }
-  return static_cast<size_t>(&file - files.data());
+  return plan_file_[static_cast<size_t>(&file - files.data())];
 }
 
 const uint8_t* HotImage::chunk(const FileRecord& file, uint64_t chunk) const {

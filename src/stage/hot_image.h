@@ -51,8 +51,9 @@ class HotImage : public std::enable_shared_from_this<HotImage> {
   /// Building: takes buffer `buf`, which holds chunk `chunk` of plan file `file` as written.
   /// Returns false when the image was abandoned (the caller then releases the buffer).
   bool keep(size_t file, uint64_t chunk, int buf);
-  /// The save committed `manifest` (whose files are the plan's, in order): installs the image
-  /// if it holds every chunk and no newer image is installed.
+  /// The save committed `manifest` (whose files are the plan's, in any order: a manifest read
+  /// back lists them by name): installs the image if it holds every chunk and no newer image
+  /// is installed.
   void commit(Manifest manifest);
 
   const std::string& name() const { return name_; }
@@ -80,7 +81,9 @@ class HotImage : public std::enable_shared_from_this<HotImage> {
   std::shared_ptr<const Manifest> manifest_;
   mutable std::mutex mu_;
   bool abandoned_ = false;
-  std::vector<std::vector<int>> bufs_;  // per file, per chunk: the buffer, -1 until kept
+  std::vector<std::vector<int>> bufs_;  // per plan file, per chunk: the buffer, -1 until kept
+  std::vector<std::string> names_;      // per plan file: its name
+  std::vector<size_t> plan_file_;       // after commit: per manifest file, its plan file
   size_t missing_ = 0;                  // chunks not kept yet
 };
 
