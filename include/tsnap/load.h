@@ -87,16 +87,22 @@ struct TSNAP_API LoadReport {
 /// Loads a snapshot into the existing tensors of `dest`, in place: the destination keys
 /// selected by include/exclude get the snapshot's values, converted to each destination's
 /// dtype where both are floating (bf16 on disk -> fp32 parameter). Destinations must be
-/// contiguous CPU tensors of the stored shape; integer and bool tensors need the same dtype.
+/// contiguous, strided tensors of the stored shape; integer and bool tensors need the same
+/// dtype. Destinations on a device (CUDA, ...) are read and verified into host buffers (pinned
+/// for CUDA; as much host memory as those destinations, for the call), then copied to their
+/// devices on a side stream ordered after the caller's current stream there; the call returns
+/// once those copies are done, and a failed read leaves device destinations unwritten.
 /// Key, shape and dtype problems are all found from the manifest, and every shard is opened
 /// and size-checked, before any destination byte changes.
 /// Errors: InvalidArgument(kKeyNotFound) listing destination keys the snapshot lacks;
 /// InvalidArgument(kShapeMismatch) listing every shape/dtype mismatch; InvalidArgument for a
-/// non-contiguous or non-CPU destination, or an atomic load larger than the read budget; those
-/// of `load`. A hash or I/O failure found while reading says which destination tensors were
-/// already written: their contents are then undefined (a chunk is verified as it is copied, so
-/// the failing chunk's bytes may have landed too); load again, e.g. an older snapshot. With
-/// `atomic`, nothing is written unless every chunk is verified first.
+/// non-contiguous, non-strided or meta destination, or an atomic load larger than the read
+/// budget; Error(kUnsupported) when a device destination's host buffer cannot be allocated;
+/// IoError(kIo) naming the key when a copy to a device fails; those of `load`. A hash or I/O
+/// failure found while reading says which destination tensors were already written: their
+/// contents are then undefined (a chunk is verified as it is copied, so the failing chunk's
+/// bytes may have landed too); load again, e.g. an older snapshot. With `atomic`, nothing is
+/// written unless every chunk is verified first.
 /// Thread-safety: `dest`'s tensors must not be used by other threads during the call.
 /// Ownership: writes into `dest`'s storage; `dest` itself (its keys) is not changed.
 TSNAP_API LoadReport load_into(const std::filesystem::path& path, StateDict& dest,

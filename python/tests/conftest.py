@@ -4,3 +4,6 @@
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "dist: multi-process tests (2 and 4 ranks, Gloo on CPU); -m 'not dist' skips")
+    config.addinivalue_line(
+        "markers", "cuda: needs a CUDA device (skips without one); scripts/device-check.sh runs "
+        "them on a GPU machine")

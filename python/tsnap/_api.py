@@ -291,8 +291,10 @@ def load_into(path, state, include=None, exclude=None, *, strict=False, verify=T
     ``DTensor`` values (``get_state_dict(model, optimizer)`` of an FSDP2 or tensor-parallel
     model, ``distribute_tensor``) receive this rank's region of the saved global tensor,
     whatever mesh, placements and world size saved it (or a single process): only the chunks
-    that overlap it are read. Destinations on a GPU or not contiguous are loaded through a CPU
-    buffer and copied in.
+    that overlap it are read. GPU destinations are read and verified into pinned host memory
+    and copied in on a side stream (ordered after the current stream; done when this returns,
+    and only once every read has succeeded); non-contiguous ones go through a contiguous buffer
+    on their device.
     """
     tensors, _ = flatten(state)
     tensors, shards, copy_back = _dist.to_destinations(tensors)

@@ -1,7 +1,9 @@
 """``python -m tsnap.bench --loop``: what periodic snapshots cost a training loop, measured so
 that a noisy machine can still decide it.
 
-A small MLP trains on the CPU (Adam; the parameters and moments are about ``--size-mb`` MB).
+A small MLP trains on the CPU (Adam; the parameters and moments are about ``--size-mb`` MB);
+``python -m tsnap.bench --cuda`` runs the same on the GPU (tsnap/_bench_cuda.py), where each
+block's time is taken after a ``torch.cuda.synchronize()``.
 The run alternates blocks of ``--block`` steps with and without one snapshot (the order of the
 two within each of ``--pairs`` pairs is random): a block with a snapshot starts a
 ``save_async`` (eager: the call stalls for the staging copy; lazy: ``wait_staged`` right before
@@ -29,15 +31,18 @@ def bootstrap_median(values, resamples=2000, seed=0):
     return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
-def run(size_mb, pairs, block, staging, workdir, seed=0):
+def run(size_mb, pairs, block, staging, workdir, seed=0, device="cpu", batch=64):
     import tsnap
     torch.manual_seed(seed)
+    device = torch.device(device)
+    # The GPU's work is asynchronous: a block ends when the device has done it.
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     # Parameters + two Adam moments = size_mb: each layer is d x d fp32.
     d = 1024
     layers = max(1, int(size_mb * 1e6 / 3 / (4 * d * d)))
-    model = torch.nn.Sequential(*[torch.nn.Linear(d, d) for _ in range(layers)])
+    model = torch.nn.Sequential(*[torch.nn.Linear(d, d) for _ in range(layers)]).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4)
-    x = torch.randn(64, d)
+    x = torch.randn(batch, d, device=device)
 
     def step(before_update=None):
         loss = model(x).square().mean()
@@ -53,6 +58,7 @@ def run(size_mb, pairs, block, staging, workdir, seed=0):
     snap = tsnap.Snapshotter(workdir)
     snap.prepare(state)
     snap.save_async("warm-up", state, staging=staging).wait()
+    sync()
     rng = random.Random(seed)
     wall = {False: [], True: []}
     cpu = {False: [], True: []}
@@ -74,6 +80,7 @@ def run(size_mb, pairs, block, staging, workdir, seed=0):
                 step(staged)
             if handle is not None:
                 handle.wait()
+            sync()
             wall[with_snapshot].append(time.perf_counter() - t0)
             cpu[with_snapshot].append(time.process_time() - c0)
             if handle is not None:
@@ -90,7 +97,8 @@ def run(size_mb, pairs, block, staging, workdir, seed=0):
     nbytes += sum(v.numel() * v.element_size() for s in opt.state_dict()["state"].values()
                   for v in s.values() if torch.is_tensor(v))
     return {
-        "staging": staging, "state_mb": nbytes / 1e6, "pairs": pairs, "block_steps": block,
+        "device": str(device), "staging": staging, "state_mb": nbytes / 1e6, "pairs": pairs,
+        "block_steps": block,
         "block_s": base, "stall_s": stall,
         "overhead": med / base, "overhead_ci": (lo / base, hi / base), "target": target,
         "cpu_s_per_snapshot": cmed, "cpu_ci": (clo, chi),
@@ -103,7 +111,7 @@ def report(r):
     verdict = ("met" if hi <= r["target"] else "missed" if lo > r["target"]
                else "undecided (the interval straddles the target)")
     return "\n".join([
-        f"{r['staging']}: {r['pairs']} pairs of {r['block_steps']}-step blocks "
+        f"{r['staging']} ({r['device']}): {r['pairs']} pairs of {r['block_steps']}-step blocks "
         f"({r['block_s']:.3f} s without a snapshot), state {r['state_mb']:.0f} MB, "
         f"stall {r['stall_s'] * 1e3:.1f} ms",
         f"  step-time overhead of one snapshot per block: {r['overhead'] * 100:+.2f} % "

@@ -228,8 +228,9 @@ def to_destinations(tensors):
     """What a load writes into: ``(tensors, shards, copy_back)``.
 
     Each DTensor becomes this rank's local tensor with its region of the global tensor;
-    destinations the engine cannot write in place (not CPU, not contiguous) get a CPU buffer,
-    and ``copy_back`` lists the ``(destination, buffer)`` pairs to copy once the load is done.
+    destinations the engine cannot take (not contiguous) get a contiguous buffer on their
+    device, and ``copy_back`` lists the ``(destination, buffer)`` pairs to copy once the load
+    is done. The engine loads CPU and GPU tensors alike (a GPU one through pinned memory).
     """
     DTensor = _dtensor_type()
     out, shards, copy_back = {}, {}, []
@@ -241,8 +242,8 @@ def to_destinations(tensors):
             local = t.to_local()  # an empty piece reads nothing but counts as loaded
             shards[key] = ([int(s) for s in t.shape], offsets)
             t = local
-        if t.device.type != "cpu" or not t.is_contiguous():
-            buffer = torch.empty(t.shape, dtype=t.dtype)
+        if not t.is_contiguous():
+            buffer = torch.empty(t.shape, dtype=t.dtype, device=t.device)
             copy_back.append((t, buffer))
             t = buffer
         out[key] = t

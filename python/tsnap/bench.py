@@ -14,6 +14,8 @@ process (so its memory is its own) and saves the state ``--repeat`` times:
            (posix_fadvise DONTNEED), so every method reads from the disk
 
 Medians over the repeats (the first save included); ``--json`` writes every figure.
+``--loop`` measures a training loop's step-time overhead (tsnap/_bench_loop.py), ``--cuda`` the
+state on a GPU against pinned copies of the same bytes (tsnap/_bench_cuda.py).
 """
 
 import argparse
@@ -319,7 +321,8 @@ def main(argv=None):
                    help="N >= 2: N ranks on this machine (Gloo on CPU), tsnap vs DCP, in the "
                    "replicated and the row-sharded layout (described above)")
     p.add_argument("--scale", type=float, default=1.0,
-                   help="with --ranks: the state is this times GPT-2 small + Adam (1.49 GB)")
+                   help="with --ranks and --cuda: the state is this times GPT-2 small + Adam "
+                   "(1.49 GB)")
     p.add_argument("--layouts", default="replicated,sharded",
                    help="with --ranks: comma-separated, of: replicated, sharded")
     p.add_argument("--reuse-ranks", action="store_true",
@@ -339,15 +342,39 @@ def main(argv=None):
                    help="measure what periodic snapshots cost a training loop (paired blocks "
                    "with and without a snapshot; see tsnap/_bench_loop.py); with --size-mb, "
                    "--pairs, --block")
-    p.add_argument("--pairs", type=int, default=30, help="with --loop: block pairs (default 30)")
-    p.add_argument("--block", type=int, default=20,
-                   help="with --loop: training steps per block (default 20)")
+    p.add_argument("--pairs", type=int, default=None,
+                   help="with --loop: block pairs (default 30); with --cuda: 10")
+    p.add_argument("--block", type=int, default=None,
+                   help="with --loop: training steps per block (default 20); with --cuda: 50")
+    p.add_argument("--cuda", action="store_true",
+                   help="the state on the GPU: stall, durable and load_into against the pinned "
+                   "copies of the same bytes, and a GPU training loop (tsnap/_bench_cuda.py); "
+                   "with --scale, --repeat (default 5), --pairs, --block, --loop-mb, "
+                   "--loop-batch, --no-loop. Without a GPU it says so and exits with 0")
+    p.add_argument("--loop-mb", type=int, default=1500,
+                   help="with --cuda: MB of parameters and Adam moments of the training loop "
+                   "(default 1500)")
+    p.add_argument("--loop-batch", type=int, default=1024,
+                   help="with --cuda: batch size of the training loop (default 1024)")
+    p.add_argument("--no-loop", action="store_true", help="with --cuda: skip the training loop")
     p.add_argument("--json", default=None, help="also write every figure to this file")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
+    if args.cuda:
+        from . import _bench_cuda
+        if not 0 < args.scale <= 1:
+            p.error("--scale must be in (0, 1]")
+        args.pairs = args.pairs or 10
+        results = _bench_cuda.main(args)
+        if args.json and results is not None:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
+        return 0
     if args.loop:
         from . import _bench_loop
+        args.pairs = args.pairs or 30
+        args.block = args.block or 20
         results = _bench_loop.main(args)
         if args.json:
             with open(args.json, "w") as f:

@@ -11,6 +11,7 @@
 #include "common/text_table.h"
 #include "format/dtype.h"
 #include "format/manifest_io.h"
+#include "restore/device_destinations.h"
 #include "restore/read_chunks.h"
 #include "restore/read_hot_chunks.h"
 #include "restore/read_plan.h"
@@ -309,6 +310,12 @@ LoadReport load_into_from(const Source& src, StateDict& dest, const LoadOptions&
   // Every problem is found from the manifest before any destination byte changes.
   std::vector<std::string> missing, mismatched, unusable;
   std::vector<restore::Target> targets;
+  // Device destinations: the key and its targets [first, end), which read into a host stand-in.
+  struct OnDevice {
+    std::string key;
+    size_t first, end;
+  };
+  std::vector<OnDevice> on_device;
   for (const std::string& k : keys) {
     const auto it = index.find(options.key_prefix + k);
     if (it == index.end()) {
@@ -319,10 +326,12 @@ LoadReport load_into_from(const Source& src, StateDict& dest, const LoadOptions&
     const at::Tensor& t = e.tensor;
     const std::vector<const TensorRecord*>& pieces = it->second;
     std::optional<std::string> why;
-    if (!t.device().is_cpu() || t.layout() != at::kStrided || !t.is_contiguous()) {
+    if (t.layout() != at::kStrided || !t.is_contiguous() || !t.has_storage() ||
+        t.device().is_meta()) {
       unusable.push_back(k);
       continue;
     }
+    const size_t first = targets.size();
     if (!e.shard && pieces.size() == 1 && !pieces[0]->shard) {
       // A whole tensor into a whole tensor.
       why = mismatch(*pieces[0], t);
@@ -341,6 +350,7 @@ LoadReport load_into_from(const Source& src, StateDict& dest, const LoadOptions&
                             t.scalar_type(), &targets);
     }
     if (why) mismatched.push_back(k + ": " + *why);
+    if (!why && restore::on_device(t)) on_device.push_back({k, first, targets.size()});
   }
   const std::string where = " (snapshot " + path.string() + "); nothing was written";
   if (!missing.empty()) {
@@ -355,8 +365,9 @@ LoadReport load_into_from(const Source& src, StateDict& dest, const LoadOptions&
                     " not fit its destination: " + join(mismatched) + where);
   }
   if (!unusable.empty()) {
-    throw_error(ErrorCode::kInvalidArgument,
-                "destinations must be contiguous CPU tensors: " + join(unusable) + where);
+    throw_error(
+        ErrorCode::kInvalidArgument,
+        "destinations must be contiguous, strided tensors with storage: " + join(unusable) + where);
   }
 
   LoadReport report;
@@ -369,9 +380,20 @@ LoadReport load_into_from(const Source& src, StateDict& dest, const LoadOptions&
                                              " snapshot keys have no destination: " +
                                              join(report.not_in_destination) + where);
   }
+  // Device destinations are read into host stand-ins, copied to their devices once every
+  // read has succeeded.
+  restore::DeviceDestinations devices;
+  for (const OnDevice& d : on_device) {
+    void* host = devices.stand_in(d.key, dest.entry(d.key).tensor);
+    for (size_t i = d.first; i < d.end; ++i) {
+      targets[i].data = host;
+      targets[i].stand_in = true;
+    }
+  }
   const restore::ReadStats stats =
       src.read(targets, restore::plan_reads(m, targets, options.verify), options,
                /*in_place=*/true);
+  if (!devices.empty()) devices.copy_to_devices();
   report.loaded = keys;
   report.bytes_read = stats.bytes;
   report.engine = stats.engine;

@@ -401,7 +401,7 @@ std::string written_note(const std::vector<Target>& targets,
   std::vector<std::string> names;
   for (size_t i = 0; i < targets.size(); ++i) {
     const uint64_t w = written[i].load();
-    if (w == 0) continue;
+    if (w == 0 || targets[i].stand_in) continue;
     names.push_back(targets[i].record->name + (w < targets[i].stored_bytes() ? " (partly)" : ""));
   }
   if (names.empty()) return "; no destination tensor was written";

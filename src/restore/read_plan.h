@@ -33,6 +33,9 @@ struct Target {
   void* data = nullptr;
   at::ScalarType dtype = at::kFloat;
   std::vector<Run> runs;
+  /// `data` is a host stand-in for a destination on a device, which is written only after
+  /// every read has succeeded: a failed read does not name it as written.
+  bool stand_in = false;
   /// Stored bytes this target reads.
   uint64_t stored_bytes() const;
 };
