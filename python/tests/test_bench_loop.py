@@ -7,14 +7,19 @@ from tsnap import _bench_loop
 
 
 def test_loop_benchmark_reports_paired_overhead_and_cleans_up(tmp_path):
-    for staging in ("eager", "lazy"):
+    for staging in ("eager", "lazy", "copy"):
         r = _bench_loop.run(size_mb=4, pairs=4, block=2, staging=staging,
                             workdir=str(tmp_path / staging))
         assert r["pairs"] == 4 and r["block_steps"] == 2 and r["state_mb"] > 3
         lo, hi = r["overhead_ci"]
         assert lo <= r["overhead"] <= hi and all(math.isfinite(v) for v in (lo, hi))
         assert r["stall_s"] > 0 and r["block_s"] > 0
-        assert r["target"] == (r["stall_s"] / r["block_s"] + 0.01 if staging == "eager" else 0.01)
+        want = {"eager": r["stall_s"] / r["block_s"] + 0.01, "lazy": 0.01}.get(staging)
+        assert r["target"] == want
         assert "overhead of one snapshot per block" in _bench_loop.report(r)
+        if staging == "copy":  # no snapshot at all: the floor of a background copy
+            assert not os.path.exists(tmp_path / staging)
+            assert "floor" in _bench_loop.report(r)
+            continue
         # Only the warm-up snapshot stays: each measured one is removed once committed.
         assert sorted(os.listdir(tmp_path / staging)) == ["warm-up"]
