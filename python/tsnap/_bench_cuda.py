@@ -202,7 +202,7 @@ def run(scale=1.0, repeat=5, workdir=None, device="cuda", loop_mb=1500, loop_bat
     top = tempfile.mkdtemp(prefix="tsnap-bench-cuda-", dir=workdir or ".")
     try:
         state = gpu_state(scale, device)
-        tensors = [t for t in bench.tensors_of(state) if t.device == device]
+        tensors = [t for t in bench.tensors_of(state) if t.device.type == device.type]
         saved = measure_saves(state, tensors, top, repeat, device)
         shutil.rmtree(os.path.join(top, "snap", "s_bf16"), ignore_errors=True)
         loaded = measure_loads(state, tensors, saved, repeat, device)

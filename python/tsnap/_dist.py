@@ -251,5 +251,6 @@ def to_destinations(tensors):
 
 
 def finish_destinations(copy_back):
-    for dest, buffer in copy_back:
-        dest.copy_(buffer)
+    with torch.no_grad():  # parameters that require grad are written in place, as C++ does
+        for dest, buffer in copy_back:
+            dest.copy_(buffer)

@@ -110,15 +110,25 @@ void SaveJob::open_files() {
   }
 }
 
+void SaveJob::prepare_sources() noexcept {
+  prepared_ = true;
+  try {
+    sources_.reserve(plan_.files.size());
+    for (const plan::PlannedFile& file : plan_.files) {
+      sources_.push_back(stage::prepare_sources(file));
+    }
+  } catch (...) {
+    sources_error_ = std::current_exception();
+  }
+}
+
 void SaveJob::stage(bool lazy) {
   const Clock::time_point t0 = Clock::now();
   std::exception_ptr stage_error;
   try {
-    std::vector<stage::Sources> sources;
-    sources.reserve(plan_.files.size());
-    for (const plan::PlannedFile& file : plan_.files) {
-      sources.push_back(stage::prepare_sources(file));
-    }
+    if (!prepared_) prepare_sources();
+    if (sources_error_) std::rethrow_exception(sources_error_);
+    const std::vector<stage::Sources>& sources = sources_;
     bool idle = false;
     defer_writes_ = !lazy && res_.pool->count() - res_.pool->in_use() >= plan_.chunks.size() &&
                     res_.deferring.compare_exchange_strong(idle, true);
@@ -131,6 +141,7 @@ void SaveJob::stage(bool lazy) {
     stage_error = std::current_exception();
     fail(stage_error);
   }
+  sources_.clear();  // the caller's tensors: not held past staging
   {
     std::lock_guard<std::mutex> lock(state_->mu);
     state_->stats.stage_s = seconds(Clock::now() - t0);

@@ -60,6 +60,11 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   /// Creates the temporary directory and opens the shard files; throws on failure (nothing is
   /// left behind).
   void open_files();
+  /// The staging sources (stage::prepare_sources) of every file, on the caller's thread: a
+  /// device tensor's event must follow the work on the caller's current stream. stage() does
+  /// it when it was not done; a lazy save does it before handing stage() to another thread.
+  /// An error (of a conversion on the device) is kept for stage(), which fails the save.
+  void prepare_sources() noexcept;
   /// Stages every chunk and submits its write; never throws (errors complete the handle).
   void stage(bool lazy = false);  // lazy: on the lazy arena (Resources)
 
@@ -128,6 +133,9 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   // writes as it stages: its buffers come back only from completed writes. So does a save
   // staged while another holds its writes back (Resources::deferring): at most one save holds
   // unwritten buffers, so every wait for a buffer ends.
+  std::vector<stage::Sources> sources_;  // per file, from prepare_sources to staging's end
+  bool prepared_ = false;
+  std::exception_ptr sources_error_;
   bool defer_writes_ = false;
   std::mutex deferred_mu_;
   std::vector<std::tuple<plan::ChunkRef, int, uint64_t>> deferred_;

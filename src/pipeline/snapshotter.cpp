@@ -512,6 +512,7 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
   }
   SaveHandle handle(job->state());
   if (options.staging == Staging::kLazy) {
+    job->prepare_sources();  // here: device tensors are ordered after the caller's stream
     boost::asio::post(*res.blocking, [job] { job->stage(/*lazy=*/true); });
   } else {
     job->stage();

@@ -1,6 +1,7 @@
 #include "restore/device_destinations.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -34,6 +35,7 @@ void* DeviceDestinations::stand_in(const std::string& key, const at::Tensor& des
 }
 
 void DeviceDestinations::copy_to_devices() {
+  at::NoGradGuard no_grad;  // parameters that require grad are written in place, as on the CPU
   // One side stream per device, which first waits for what the caller queued on the device's
   // current stream (its kernels may still be writing or reading the destinations).
   std::vector<c10::Stream> streams;

@@ -1,6 +1,7 @@
 #include "stage/fill.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <tbb/parallel_for.h>
@@ -8,8 +9,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "format/dtype.h"
 #include "format/convert.h"
+#include "format/dtype.h"
 
 namespace tsnap::stage {
 namespace {
@@ -24,6 +25,7 @@ struct Piece {
 }  // namespace
 
 Sources prepare_sources(const plan::PlannedFile& file) {
+  at::NoGradGuard no_grad;  // copies of the values, not part of anyone's graph
   Sources out;
   out.tensors.reserve(file.tensors.size());
   for (const plan::PlannedTensor& t : file.tensors) {
@@ -78,27 +80,42 @@ uint64_t fill_chunk(const plan::PlannedFile& file, const Sources& sources, uint6
   }
 
   // Device pieces: queue non-blocking copies on a side stream per device, wait at the end.
+  at::NoGradGuard no_grad;
   std::vector<c10::Stream> streams;
-  for (const Piece& p : pieces) {
-    const at::Tensor& src = sources.tensors[p.tensor];
-    if (src.device().is_cpu()) continue;
-    const c10::Device device = src.device();
-    c10::impl::VirtualGuardImpl impl(device.type());
-    auto it = std::find_if(streams.begin(), streams.end(),
-                           [&](const c10::Stream& s) { return s.device() == device; });
-    if (it == streams.end()) {
-      streams.push_back(impl.getStreamFromGlobalPool(device));
-      it = streams.end() - 1;
-      for (const auto& [d, event] : sources.ready) {
-        if (d == device) event->block(*it);
-      }
+  const auto wait_streams = [&streams] {
+    for (const c10::Stream& s : streams) {
+      c10::impl::VirtualGuardImpl(s.device_type()).synchronizeStream(s);
     }
-    c10::StreamGuard guard(*it);
-    at::Tensor host = at::from_blob(buf + p.dst, {static_cast<int64_t>(p.count)},
-                                    at::TensorOptions().dtype(file.tensors[p.tensor].dtype));
-    host.copy_(
-        src.reshape({-1}).narrow(0, static_cast<int64_t>(p.elem0), static_cast<int64_t>(p.count)),
-        /*non_blocking=*/true);
+  };
+  try {
+    for (const Piece& p : pieces) {
+      const at::Tensor& src = sources.tensors[p.tensor];
+      if (src.device().is_cpu()) continue;
+      const c10::Device device = src.device();
+      c10::impl::VirtualGuardImpl impl(device.type());
+      auto it = std::find_if(streams.begin(), streams.end(),
+                             [&](const c10::Stream& s) { return s.device() == device; });
+      if (it == streams.end()) {
+        streams.push_back(impl.getStreamFromGlobalPool(device));
+        it = streams.end() - 1;
+        for (const auto& [d, event] : sources.ready) {
+          if (d == device) event->block(*it);
+        }
+      }
+      c10::StreamGuard guard(*it);
+      at::Tensor host = at::from_blob(buf + p.dst, {static_cast<int64_t>(p.count)},
+                                      at::TensorOptions().dtype(file.tensors[p.tensor].dtype));
+      host.copy_(
+          src.reshape({-1}).narrow(0, static_cast<int64_t>(p.elem0), static_cast<int64_t>(p.count)),
+          /*non_blocking=*/true);
+    }
+  } catch (...) {
+    // The copies queued so far write into buf, which the caller reuses once this throws.
+    try {
+      wait_streams();
+    } catch (...) {
+    }
+    throw;
   }
 
   tbb::parallel_for(size_t{0}, pieces.size(), [&](size_t i) {
@@ -110,9 +127,7 @@ uint64_t fill_chunk(const plan::PlannedFile& file, const Sources& sources, uint6
             file.tensors[p.tensor].dtype, p.count);
   });
 
-  for (const c10::Stream& s : streams) {
-    c10::impl::VirtualGuardImpl(s.device_type()).synchronizeStream(s);
-  }
+  wait_streams();
   return hi - lo;
 }
 

@@ -209,6 +209,26 @@ TEST_F(CudaStaging, LoadIntoDeviceBoxesOfAGlobalTensor) {
   EXPECT_TRUE(bitwise_equal(outside.at("w"), at::full({4, 6}, 9.0)));
 }
 
+TEST_F(CudaStaging, LazySaveIsOrderedAfterTheCallersStream) {
+  // The caller trains on a stream of its own and its last kernel writes the tensor after a long
+  // one; a lazy save stages on another thread, whose current stream is not the caller's, so it
+  // must take its order from the caller's stream at the call.
+  TempDir dir;
+  Snapshotter snap(
+      {.root = dir.path(), .chunk_bytes = 4 << 20, .staging = {.budget_bytes = 16 << 20}});
+  c10::impl::VirtualGuardImpl impl(at::kCUDA);
+  const c10::Stream mine = impl.getStreamFromGlobalPool(c10::Device(at::kCUDA, 0));
+  c10::StreamGuard guard(mine);
+  at::Tensor w = at::zeros({4 << 20}, cuda());
+  const at::Tensor m = at::randn({4096, 4096}, cuda());
+  at::Tensor busy = m;
+  for (int i = 0; i < 8; ++i) busy = at::mm(busy, m).div_(64);
+  w.fill_(5);
+  SaveHandle h = snap.save_async("lazy", StateDict{{"w", w}}, {}, {.staging = Staging::kLazy});
+  h.wait();
+  EXPECT_TRUE(bitwise_equal(load(dir / "lazy").at("w"), at::full({4 << 20}, 5.0)));
+}
+
 TEST_F(CudaStaging, LoadIntoIsOrderedAfterTheCallersStream) {
   TempDir dir;
   const at::Tensor want = make_tensor(at::kFloat, {4 << 20}, 7);
