@@ -43,10 +43,21 @@ int written_version(const Manifest& m);
 /// that is not a JSON object.
 nlohmann::json manifest_to_json(const Manifest& m);
 
+/// The values of a manifest's "tensors" and "weight_map" members as manifest_to_text writes
+/// them: most of its text for many tensors, and known from the tensor records alone, so that a
+/// writer can render them while its chunks are being written (the file records, with their
+/// hashes, only at the end). Errors: those of manifest_to_text about tensors.
+struct ManifestTensorText {
+  std::string tensors;
+  std::string weight_map;
+};
+ManifestTensorText manifest_tensor_text(const Manifest& m);
+
 /// The same JSON as manifest_to_json(m), written directly as text: compact, one line per file,
 /// tensor and weight_map entry, ending in a newline. Same errors as manifest_to_json, plus
-/// InvalidArgument for a name that is not UTF-8. Much faster for many tensors.
-std::string manifest_to_text(const Manifest& m);
+/// InvalidArgument for a name that is not UTF-8. Much faster for many tensors. With
+/// `tensor_text` (manifest_tensor_text of the same tensor records), m.tensors is not read.
+std::string manifest_to_text(const Manifest& m, const ManifestTensorText* tensor_text = nullptr);
 
 /// Parses and validates manifest text. `label` names the file in errors. Checks: JSON object,
 /// format == "tsnap" and version <= kFormatVersion (else kUnsupportedFormat), required fields and

@@ -123,7 +123,72 @@ json manifest_header_json(const Manifest& m) {
           {"metadata", m.metadata}};
 }
 
-std::string manifest_to_text(const Manifest& m) {
+ManifestTensorText manifest_tensor_text(const Manifest& m) {
+  const std::vector<std::vector<const TensorRecord*>> groups = tensor_groups(m);
+  ManifestTensorText text;
+  text.tensors.reserve(256 * m.tensors.size());
+  JsonWriter w(text.tensors);
+  const auto dims = [&](const std::vector<int64_t>& v) {
+    w.begin_array();
+    for (int64_t d : v) w.number(d);
+    w.end_array();
+  };
+  w.begin_object();
+  const auto record = [&](const TensorRecord* t) {
+    w.begin_object();
+    w.key("file");
+    w.string(t->file);
+    w.key("dtype");
+    w.string(dtype_name(t->dtype));
+    w.key("source_dtype");
+    w.string(dtype_name(t->source_dtype));
+    w.key("shape");
+    dims(t->shape);
+    w.key("offsets");
+    w.begin_array();
+    w.number(t->begin);
+    w.number(t->end);
+    w.end_array();
+    if (t->shard) {
+      w.key("shard");
+      w.begin_object();
+      w.key("global_shape");
+      dims(t->shard->global_shape);
+      w.key("offsets");
+      dims(t->shard->offsets);
+      w.end_object();
+    }
+    w.end_object();
+  };
+  for (const auto& group : groups) {
+    w.newline();
+    w.key(group.front()->name);
+    if (group.size() == 1) {
+      record(group.front());
+      continue;
+    }
+    w.begin_object();
+    w.key("pieces");
+    w.begin_array();
+    for (const TensorRecord* p : group) record(p);
+    w.end_array();
+    w.end_object();
+  }
+  w.end_object();
+
+  JsonWriter map(text.weight_map);
+  map.begin_object();
+  for (const auto& group : groups) {
+    if (group.size() != 1) continue;  // a key stored as pieces has no one file
+    map.newline();
+    map.key(group.front()->name);
+    map.string(group.front()->file);
+  }
+  map.end_object();
+  return text;
+}
+
+std::string manifest_to_text(const Manifest& m, const ManifestTensorText* tensor_text) {
   if (!m.metadata.is_object()) {
     throw_error(
         ErrorCode::kInvalidArgument,
@@ -141,16 +206,16 @@ std::string manifest_to_text(const Manifest& m) {
                   "manifest lists file '" + files[i]->name + "' twice");
     }
   }
-  const std::vector<std::vector<const TensorRecord*>> groups = tensor_groups(m);
+  ManifestTensorText own;
+  if (tensor_text == nullptr) {
+    own = manifest_tensor_text(m);
+    tensor_text = &own;
+  }
 
   std::string out;
-  out.reserve(1024 + 256 * m.tensors.size());
+  out.reserve(1024 + 128 * m.files.size() + tensor_text->tensors.size() +
+              tensor_text->weight_map.size());
   JsonWriter w(out);
-  const auto dims = [&](const std::vector<int64_t>& v) {
-    w.begin_array();
-    for (int64_t d : v) w.number(d);
-    w.end_array();
-  };
   w.begin_object();
   w.key("format");
   w.string(kFormatName);
@@ -205,59 +270,10 @@ std::string manifest_to_text(const Manifest& m) {
 
   w.newline();
   w.key("tensors");
-  w.begin_object();
-  const auto record = [&](const TensorRecord* t) {
-    w.begin_object();
-    w.key("file");
-    w.string(t->file);
-    w.key("dtype");
-    w.string(dtype_name(t->dtype));
-    w.key("source_dtype");
-    w.string(dtype_name(t->source_dtype));
-    w.key("shape");
-    dims(t->shape);
-    w.key("offsets");
-    w.begin_array();
-    w.number(t->begin);
-    w.number(t->end);
-    w.end_array();
-    if (t->shard) {
-      w.key("shard");
-      w.begin_object();
-      w.key("global_shape");
-      dims(t->shard->global_shape);
-      w.key("offsets");
-      dims(t->shard->offsets);
-      w.end_object();
-    }
-    w.end_object();
-  };
-  for (const auto& group : groups) {
-    w.newline();
-    w.key(group.front()->name);
-    if (group.size() == 1) {
-      record(group.front());
-      continue;
-    }
-    w.begin_object();
-    w.key("pieces");
-    w.begin_array();
-    for (const TensorRecord* p : group) record(p);
-    w.end_array();
-    w.end_object();
-  }
-  w.end_object();
-
+  w.raw(tensor_text->tensors);
   w.newline();
   w.key("weight_map");
-  w.begin_object();
-  for (const auto& group : groups) {
-    if (group.size() != 1) continue;  // a key stored as pieces has no one file
-    w.newline();
-    w.key(group.front()->name);
-    w.string(group.front()->file);
-  }
-  w.end_object();
+  w.raw(tensor_text->weight_map);
   // The manifest's own checksum, its last member: XXH3-64 of every byte before it.
   const uint64_t checksum = hash64(out.data(), out.size());
   out += kChecksumMember;

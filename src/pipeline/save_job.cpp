@@ -153,6 +153,16 @@ void SaveJob::stage(bool lazy) {
     stage_error = error_;
   }
   state_->mark_staged(stage_error);
+  if (!stage_error && !coordinator_) {
+    // Most of a manifest of many tensors, rendered while the chunks are written, off the
+    // commit (finish waits for this token too).
+    ++pending_;
+    auto self = shared_from_this();
+    boost::asio::post(*res_.blocking, [self] {
+      self->render_tensor_records();
+      self->release_token();
+    });
+  }
   for (const auto& [ref, buf, len] : deferred_) submit(ref, buf, len, std::nullopt);
   deferred_.clear();
   if (defer_writes_) res_.deferring.store(false);
@@ -315,7 +325,10 @@ void SaveJob::finish() {
     error = coordinate(error, &manifest_bytes, &leftover);
   } else if (!error) {
     try {
-      std::string text = format::manifest_to_text(manifest());
+      std::string text = tensor_text_ready_
+                             ? format::manifest_to_text(
+                                   manifest(/*memory=*/false, /*tensors=*/false), &tensor_text_)
+                             : format::manifest_to_text(manifest());
       format::check_manifest_readable(text);
       manifest_bytes = commit_directory(engine, paths_, text, overwrite_, &leftover);
       hot_commit([&] { return format::parse_manifest(text, paths_.final); });
@@ -421,7 +434,28 @@ void SaveJob::hot_commit(const std::function<Manifest()>& manifest) noexcept {
   }
 }
 
-Manifest SaveJob::manifest(bool memory) const {
+void SaveJob::render_tensor_records() noexcept {
+  try {
+    Manifest m;
+    add_tensor_records(m, plan_.written_files);
+    tensor_text_ = format::manifest_tensor_text(m);
+    tensor_text_ready_ = true;
+  } catch (...) {
+    // Rendered again at the commit, which reports the error.
+  }
+}
+
+void SaveJob::add_tensor_records(Manifest& m, size_t files) const {
+  for (size_t f = 0; f < files; ++f) {
+    const plan::PlannedFile& file = plan_.files[f];
+    for (const plan::PlannedTensor& t : file.tensors) {
+      m.tensors.push_back(
+          {t.name, file.name, t.dtype, t.source_dtype, t.shape, t.begin, t.end, t.shard});
+    }
+  }
+}
+
+Manifest SaveJob::manifest(bool memory, bool tensors) const {
   Manifest m;
   m.id = plan_.id;
   m.tsnap_version = TSNAP_VERSION_STRING;
@@ -439,11 +473,8 @@ Manifest SaveJob::manifest(bool memory) const {
     m.files.push_back({file.name, file.size, file.data_offset, file.chunk_bytes, hashes_[f], rank,
                        file.header_id == plan_.id ? std::string() : file.header_id,
                        reused_whole_[f] ? plan_.base_name : std::string()});
-    for (const plan::PlannedTensor& t : file.tensors) {
-      m.tensors.push_back(
-          {t.name, file.name, t.dtype, t.source_dtype, t.shape, t.begin, t.end, t.shard});
-    }
   }
+  if (tensors) add_tensor_records(m, files);
   std::sort(m.tensors.begin(), m.tensors.end(),
             [](const TensorRecord& a, const TensorRecord& b) { return a.name < b.name; });
   return m;

@@ -7,22 +7,22 @@
 // directory and rank 0 commits for all (coordinate()). Owned by shared_ptr: the engine
 // callbacks keep it alive.
 
-#include <nlohmann/json.hpp>
-
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
-#include <tuple>
+#include <nlohmann/json.hpp>
 #include <optional>
-#include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/progress_meter.h"
 #include "dist/coordinator.h"
+#include "format/manifest_io.h"
 #include "pipeline/commit.h"
 #include "pipeline/resources.h"
 #include "pipeline/reuse.h"
@@ -100,8 +100,15 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   void hot_commit(const std::function<Manifest()>& manifest) noexcept;
   // Stages a memory-only chunk (into the hot image, hashed for its loads; never written).
   void keep_in_memory(plan::ChunkRef ref, int buf, uint64_t len);
-  // This rank's manifest part: the written files, or with `memory` the memory-only ones too.
-  Manifest manifest(bool memory = false) const;
+  // This rank's manifest part: the written files, or with `memory` the memory-only ones too;
+  // without `tensors`, no tensor records (their text is tensor_text_).
+  Manifest manifest(bool memory = false, bool tensors = true) const;
+  // The tensor records of plan files [0, files) into m.tensors.
+  void add_tensor_records(Manifest& m, size_t files) const;
+  // A save alone: the text of its manifest's tensor records (tensor_text_), rendered on the
+  // blocking pool once staging ends, while the chunks are written; on failure the commit
+  // renders it again and reports the error.
+  void render_tensor_records() noexcept;
   std::exception_ptr coordinate(std::exception_ptr error, uint64_t* manifest_bytes,
                                 std::string* leftover);
 
@@ -124,7 +131,7 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   std::vector<std::vector<uint64_t>> hashes_;  // per file, per chunk
   // Incremental saves: per file, per chunk, the hash of each tensor piece it holds (in order).
   std::vector<std::vector<std::vector<uint64_t>>> piece_hashes_;
-  std::atomic<uint64_t> pending_{1};  // submitted writes not completed, +1 while staging
+  std::atomic<uint64_t> pending_{1};  // writes not completed, +1 while staging or rendering
   // Eager staging into a pool with a free buffer for every chunk: the writes start once
   // staging ends (right after the caller is released), so that the io thread's writes and
   // hashes do not share the cores and the memory bandwidth with the copy the caller waits for
@@ -135,6 +142,8 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   // unwritten buffers, so every wait for a buffer ends.
   std::vector<stage::Sources> sources_;  // per file, from prepare_sources to staging's end
   bool prepared_ = false;
+  format::ManifestTensorText tensor_text_;  // see render_tensor_records()
+  bool tensor_text_ready_ = false;
   std::exception_ptr sources_error_;
   bool defer_writes_ = false;
   std::mutex deferred_mu_;

@@ -186,6 +186,17 @@ TEST(Manifest, ChecksumCatchesAFlipInAnyField) {
   expect_same(parse_manifest(text.substr(0, member) + "}\n", kLabel), sample());
 }
 
+// A writer may render the tensor records apart (while its chunks are written) and the rest at
+// the commit: the same bytes as in one go, pieces included.
+TEST(Manifest, TensorTextRenderedApartGivesTheSameText) {
+  const Manifest m = sample();
+  Manifest files_only = m;
+  files_only.tensors.clear();
+  const ManifestTensorText tensors = manifest_tensor_text(m);
+  EXPECT_NE(tensors.tensors.find("\"layer.weight\""), std::string::npos) << tensors.tensors;
+  EXPECT_EQ(manifest_to_text(files_only, &tensors), manifest_to_text(m));
+}
+
 // Format v2: a file that keeps an earlier save's layout names that save (its header's id) and,
 // when reused whole, the snapshot it came from; the text and JSON writers agree and say v2.
 TEST(Manifest, ReusedFilesRoundTripAsVersion2) {
