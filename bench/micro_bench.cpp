@@ -68,9 +68,8 @@ void BM_Hash64(benchmark::State& state) {
 }
 BENCHMARK(BM_Hash64)->Arg(64 << 10)->Arg(4 << 20)->Arg(16 << 20);
 
-// Staging every chunk of a plan of `range(0)` small tensors (4-64 KiB each), 16 MiB chunks.
-void BM_FillSmallTensors(benchmark::State& state) {
-  const tsnap::StateDict sd = tsnap::bench::small_tensors(static_cast<int>(state.range(0)));
+// Staging every chunk of a plan of `state`, 16 MiB chunks, into one buffer.
+void fill_all(benchmark::State& state, const tsnap::StateDict& sd) {
   const uint64_t chunk = 16ull << 20;
   const tsnap::plan::Plan plan = tsnap::plan::make_plan(sd, {}, chunk, "micro", 1);
   std::vector<tsnap::stage::Sources> sources;
@@ -87,7 +86,21 @@ void BM_FillSmallTensors(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * plan.total_bytes));
   state.counters["tensors"] = static_cast<double>(plan.num_tensors);
 }
+
+// `range(0)` small tensors (4-64 KiB each).
+void BM_FillSmallTensors(benchmark::State& state) {
+  fill_all(state, tsnap::bench::small_tensors(static_cast<int>(state.range(0))));
+}
 BENCHMARK(BM_FillSmallTensors)->Arg(1000)->Arg(10000)->Unit(benchmark::kMillisecond);
+
+// The same bytes as `range(0)` small tensors in 8 large ones: what per-tensor work costs.
+void BM_FillLargeTensors(benchmark::State& state) {
+  const tsnap::StateDict small = tsnap::bench::small_tensors(static_cast<int>(state.range(0)));
+  uint64_t bytes = 0;
+  for (const auto& [key, entry] : small) bytes += entry.tensor.nbytes();
+  fill_all(state, tsnap::bench::large_tensors(bytes, 8));
+}
+BENCHMARK(BM_FillLargeTensors)->Arg(1000)->Arg(10000)->Unit(benchmark::kMillisecond);
 
 // The caller's share of a save of `range(0)` small tensors before staging: the plan (layout,
 // offsets, safetensors headers) and the staging sources.
@@ -104,19 +117,20 @@ void BM_PlanSmallTensors(benchmark::State& state) {
 BENCHMARK(BM_PlanSmallTensors)->Arg(1000)->Arg(10000)->Unit(benchmark::kMillisecond);
 
 // The same, reusing the plan of an earlier save of the state (every periodic save but the
-// first: plan::Layout::previous).
+// first: plan::Layout::previous, the plan each save hands back to the next).
 void BM_PlanSmallTensorsReused(benchmark::State& state) {
   const tsnap::StateDict sd = tsnap::bench::small_tensors(static_cast<int>(state.range(0)));
   const std::string id = "0000000000000001-00000001";
-  const tsnap::plan::Plan first = tsnap::plan::make_plan(sd, {}, 16ull << 20, id, 1);
-  tsnap::plan::Layout layout;
-  layout.previous = {&first};
+  tsnap::plan::Plan kept = tsnap::plan::make_plan(sd, {}, 16ull << 20, id, 1);
   for (auto _ : state) {
-    const tsnap::plan::Plan plan = tsnap::plan::make_plan(sd, {}, 16ull << 20, id, 1, {}, layout);
+    tsnap::plan::Layout layout;
+    layout.previous = {&kept};
+    tsnap::plan::Plan plan = tsnap::plan::make_plan(sd, {}, 16ull << 20, id, 1, {}, layout);
     if (!plan.reused) state.SkipWithError("the plan was not reused");
     for (const auto& file : plan.files) {
       benchmark::DoNotOptimize(tsnap::stage::prepare_sources(file));
     }
+    kept = std::move(plan);
   }
   state.counters["tensors"] = static_cast<double>(state.range(0));
 }

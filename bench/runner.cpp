@@ -246,14 +246,26 @@ SmallVsLarge run_small_vs_large(Snapshotter& snap, int reps) {
   out.bytes = output_bytes(small, std::nullopt);
   const StateDict large = large_tensors(out.bytes, 8);
   for (int r = 0; r < reps; ++r) {
-    SaveHandle a = snap.save_async("small", small);
-    a.wait();
+    const auto save = [&](const char* name, const StateDict& state) {
+      SaveHandle h = snap.save_async(name, state);
+      h.wait();
+      return h;
+    };
+    SaveHandle a, b;
+    if (r % 2 == 0) {
+      a = save("small", small);
+      b = save("large", large);
+    } else {
+      b = save("large", large);
+      a = save("small", small);
+    }
     out.small.add(a.stats().total_s);
     out.small_stall.add(a.stats().stall_s);
     out.small_commit.add(a.stats().commit_s);
-    SaveHandle b = snap.save_async("large", large);
-    b.wait();
     out.large.add(b.stats().total_s);
+    out.large_stall.add(b.stats().stall_s);
+    out.large_commit.add(b.stats().commit_s);
+    out.ratio.add(b.stats().total_s / a.stats().total_s);
     detail::remove_tree(a.path().string());
     detail::remove_tree(b.path().string());
   }

@@ -93,13 +93,15 @@ std::vector<PointResult> run_sweep(const BenchOptions& o, const StateDict& state
 std::string dtype_suffix(std::optional<at::ScalarType> dtype);
 
 /// Durable saves of 10,000 small tensors (4-64 KiB) and of 8 large tensors of the same total.
+/// `ratio`: each repetition's large durable time over its small one (throughput of small over
+/// large), paired so that the disk's drift between repetitions cancels.
 struct SmallVsLarge {
   uint64_t bytes = 0;
-  Series small, large, small_stall, small_commit;
+  Series small, large, small_stall, large_stall, small_commit, large_commit, ratio;
 };
 
-/// Saves the small and the large state through `snap` `reps` times each, interleaved, and
-/// removes the snapshots.
+/// Saves the small and the large state through `snap` `reps` times each, interleaved (small
+/// first in even repetitions, large first in odd ones), and removes the snapshots.
 SmallVsLarge run_small_vs_large(Snapshotter& snap, int reps);
 
 /// RSS after each of a series of saves of the same state (overwriting one snapshot).

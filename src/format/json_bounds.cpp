@@ -6,50 +6,85 @@
 
 namespace tsnap::format {
 
-std::string json_bounds_problem(std::string_view text, size_t max_depth) {
-  size_t depth = 0;
-  size_t values = 1;
-  bool in_string = false;
-  bool escaped = false;
+void JsonBounds::scan(std::string_view text) {
+  if (!problem_.empty()) return;
   for (size_t i = 0; i < text.size(); ++i) {
     const char ch = text[i];
-    if (ch == '\0') return "a NUL byte at offset " + std::to_string(i);
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
+    if (ch == '\0') {
+      problem_ = "a NUL byte at offset " + std::to_string(offset_ + i);
+      return;
+    }
+    if (in_string_) {
+      if (escaped_) {
+        escaped_ = false;
       } else if (ch == '\\') {
-        escaped = true;
+        escaped_ = true;
       } else if (ch == '"') {
-        in_string = false;
+        in_string_ = false;
       }
       continue;
     }
     switch (ch) {
       case '"':
-        in_string = true;
+        in_string_ = true;
         break;
       case '[':
       case '{':
-        if (++depth > max_depth) {
-          return "nesting deeper than " + std::to_string(max_depth) + " levels at offset " +
-                 std::to_string(i);
+        if (++depth_ > max_depth_) {
+          problem_ = "nesting deeper than " + std::to_string(max_depth_) + " levels at offset " +
+                     std::to_string(offset_ + i);
+          return;
         }
-        ++values;
+        if (depth_ > deepest_) {
+          deepest_ = depth_;
+          deepest_at_ = offset_ + i;
+        }
+        ++values_;
         break;
       case ']':
       case '}':
-        if (depth > 0) --depth;
+        if (depth_ > 0) --depth_;
         break;
       case ',':
-        if (++values > kMaxJsonValues) {
-          return "more than " + std::to_string(kMaxJsonValues) + " values";
+        if (++values_ > kMaxJsonValues) {
+          problem_ = "more than " + std::to_string(kMaxJsonValues) + " values";
+          return;
         }
         break;
       default:
         break;
     }
   }
-  return "";
+  offset_ += text.size();
+}
+
+void JsonBounds::add(const JsonBounds& value) {
+  if (!problem_.empty()) return;
+  if (!value.problem_.empty()) {
+    problem_ = value.problem_ + " of a part at offset " + std::to_string(offset_);
+    return;
+  }
+  if (value.depth_ != 0 || value.in_string_) {
+    problem_ = "a part at offset " + std::to_string(offset_) + " is not a whole value";
+    return;
+  }
+  if (depth_ + value.deepest_ > max_depth_) {
+    problem_ = "nesting deeper than " + std::to_string(max_depth_) + " levels at offset " +
+               std::to_string(offset_ + value.deepest_at_);
+    return;
+  }
+  values_ += value.values_ - 1;
+  if (values_ > kMaxJsonValues) {
+    problem_ = "more than " + std::to_string(kMaxJsonValues) + " values";
+    return;
+  }
+  offset_ += value.offset_;
+}
+
+std::string json_bounds_problem(std::string_view text, size_t max_depth) {
+  JsonBounds bounds(max_depth);
+  bounds.scan(text);
+  return bounds.problem();
 }
 
 nlohmann::json parse_bounded_json(std::string_view text) {

@@ -24,6 +24,34 @@ inline constexpr size_t kMaxJsonValues = size_t{16} << 20;
 /// nesting deeper than `max_depth`, or more than kMaxJsonValues values. Does not check syntax.
 std::string json_bounds_problem(std::string_view text, size_t max_depth = kMaxJsonDepth);
 
+/// json_bounds_problem of a document scanned piece by piece, in order. A piece that is a whole
+/// JSON value (an object, an array) can be scanned apart, where it is made, and added where it
+/// goes: a writer checks a large document without scanning the parts it rendered earlier again.
+/// Offsets in problems count from the start of the document.
+class JsonBounds {
+ public:
+  explicit JsonBounds(size_t max_depth = kMaxJsonDepth) : max_depth_(max_depth) {}
+  /// The next bytes of the document. Stops at the first problem.
+  void scan(std::string_view text);
+  /// The next bytes of the document are those of `value`, a whole value scanned apart (with
+  /// the same bound or a looser one).
+  void add(const JsonBounds& value);
+  /// "" while the bounds hold.
+  const std::string& problem() const { return problem_; }
+
+ private:
+  size_t max_depth_;
+  size_t depth_ = 0;
+  size_t values_ = 1;  // the document itself
+  bool in_string_ = false;
+  bool escaped_ = false;
+  size_t offset_ = 0;  // bytes scanned so far
+  // Of the scan alone: how deep it went below its start, and where it first went that deep.
+  size_t deepest_ = 0;
+  size_t deepest_at_ = 0;
+  std::string problem_;
+};
+
 /// Parses `text` within the bounds; throws std::invalid_argument naming the broken bound, or
 /// nlohmann's parse_error for bad syntax.
 nlohmann::json parse_bounded_json(std::string_view text);

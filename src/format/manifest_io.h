@@ -3,9 +3,11 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 
+#include "format/json_bounds.h"
 #include "tsnap/manifest.h"
 
 namespace tsnap::format {
@@ -50,14 +52,26 @@ nlohmann::json manifest_to_json(const Manifest& m);
 struct ManifestTensorText {
   std::string tensors;
   std::string weight_map;
+  /// Their bounds (json_bounds.h), once scan_bounds has run: readable_manifest_text then
+  /// checks the rest of the manifest only.
+  std::optional<JsonBounds> tensors_bounds;
+  std::optional<JsonBounds> weight_map_bounds;
 };
 ManifestTensorText manifest_tensor_text(const Manifest& m);
+/// Sets text.tensors_bounds and text.weight_map_bounds.
+void scan_bounds(ManifestTensorText& text);
 
 /// The same JSON as manifest_to_json(m), written directly as text: compact, one line per file,
 /// tensor and weight_map entry, ending in a newline. Same errors as manifest_to_json, plus
 /// InvalidArgument for a name that is not UTF-8. Much faster for many tensors. With
 /// `tensor_text` (manifest_tensor_text of the same tensor records), m.tensors is not read.
 std::string manifest_to_text(const Manifest& m, const ManifestTensorText* tensor_text = nullptr);
+
+/// manifest_to_text, for a manifest about to be committed: throws as check_manifest_readable
+/// does when the text breaks a bound that readers enforce, without scanning the parts of
+/// `tensor_text` that scan_bounds has scanned already.
+std::string readable_manifest_text(const Manifest& m,
+                                   const ManifestTensorText* tensor_text = nullptr);
 
 /// Parses and validates manifest text. `label` names the file in errors. Checks: JSON object,
 /// format == "tsnap" and version <= kFormatVersion (else kUnsupportedFormat), required fields and

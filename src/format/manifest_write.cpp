@@ -188,7 +188,19 @@ ManifestTensorText manifest_tensor_text(const Manifest& m) {
   return text;
 }
 
-std::string manifest_to_text(const Manifest& m, const ManifestTensorText* tensor_text) {
+void scan_bounds(ManifestTensorText& text) {
+  text.tensors_bounds.emplace();
+  text.tensors_bounds->scan(text.tensors);
+  text.weight_map_bounds.emplace();
+  text.weight_map_bounds->scan(text.weight_map);
+}
+
+namespace {
+
+// manifest_to_text; with `bounds`, scans the text into it as it is written, adding the bounds
+// of the parts of `tensor_text` that have them.
+std::string render_manifest(const Manifest& m, const ManifestTensorText* tensor_text,
+                            JsonBounds* bounds) {
   if (!m.metadata.is_object()) {
     throw_error(
         ErrorCode::kInvalidArgument,
@@ -268,19 +280,60 @@ std::string manifest_to_text(const Manifest& m, const ManifestTensorText* tensor
   }
   w.end_object();
 
+  size_t scanned = 0;  // bytes of `out` in `bounds`
+  const auto part = [&](const std::string& text, const std::optional<JsonBounds>& part_bounds) {
+    if (bounds != nullptr) {
+      bounds->scan(std::string_view(out).substr(scanned));
+      if (part_bounds) {
+        bounds->add(*part_bounds);
+      } else {
+        bounds->scan(text);
+      }
+    }
+    w.raw(text);
+    scanned = out.size();
+  };
   w.newline();
   w.key("tensors");
-  w.raw(tensor_text->tensors);
+  part(tensor_text->tensors, tensor_text->tensors_bounds);
   w.newline();
   w.key("weight_map");
-  w.raw(tensor_text->weight_map);
+  part(tensor_text->weight_map, tensor_text->weight_map_bounds);
   // The manifest's own checksum, its last member: XXH3-64 of every byte before it.
   const uint64_t checksum = hash64(out.data(), out.size());
   out += kChecksumMember;
   out += kChecksumPrefix;
   out += hex16(checksum);
   out += "\"}\n";
+  if (bounds != nullptr) bounds->scan(std::string_view(out).substr(scanned));
   return out;
+}
+
+// Throws unless readers accept a manifest of `size` bytes whose bounds have `problem`.
+void check_readable(size_t size, const std::string& problem) {
+  if (size > kMaxManifestBytes) {
+    throw_error(ErrorCode::kInvalidArgument,
+                "the manifest would take " + std::to_string(size) +
+                    " bytes, more than readers accept (" + std::to_string(kMaxManifestBytes) +
+                    "): save fewer tensors or less metadata per snapshot");
+  }
+  if (!problem.empty()) {
+    throw_error(ErrorCode::kInvalidArgument,
+                "the manifest would be refused by readers: " + problem);
+  }
+}
+
+}  // namespace
+
+std::string manifest_to_text(const Manifest& m, const ManifestTensorText* tensor_text) {
+  return render_manifest(m, tensor_text, nullptr);
+}
+
+std::string readable_manifest_text(const Manifest& m, const ManifestTensorText* tensor_text) {
+  JsonBounds bounds;
+  std::string text = render_manifest(m, tensor_text, &bounds);
+  check_readable(text.size(), bounds.problem());
+  return text;
 }
 
 void check_metadata_writable(const nlohmann::json& metadata) {
@@ -308,17 +361,7 @@ void check_metadata_writable(const nlohmann::json& metadata) {
 }
 
 void check_manifest_readable(std::string_view text) {
-  if (text.size() > kMaxManifestBytes) {
-    throw_error(ErrorCode::kInvalidArgument,
-                "the manifest would take " + std::to_string(text.size()) +
-                    " bytes, more than readers accept (" + std::to_string(kMaxManifestBytes) +
-                    "): save fewer tensors or less metadata per snapshot");
-  }
-  const std::string problem = json_bounds_problem(text);
-  if (!problem.empty()) {
-    throw_error(ErrorCode::kInvalidArgument,
-                "the manifest would be refused by readers: " + problem);
-  }
+  check_readable(text.size(), text.size() > kMaxManifestBytes ? "" : json_bounds_problem(text));
 }
 
 }  // namespace tsnap::format

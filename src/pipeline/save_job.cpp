@@ -326,10 +326,9 @@ void SaveJob::finish() {
   } else if (!error) {
     try {
       std::string text = tensor_text_ready_
-                             ? format::manifest_to_text(
+                             ? format::readable_manifest_text(
                                    manifest(/*memory=*/false, /*tensors=*/false), &tensor_text_)
-                             : format::manifest_to_text(manifest());
-      format::check_manifest_readable(text);
+                             : format::readable_manifest_text(manifest());
       manifest_bytes = commit_directory(engine, paths_, text, overwrite_, &leftover);
       hot_commit([&] { return format::parse_manifest(text, paths_.final); });
     } catch (...) {
@@ -360,7 +359,13 @@ void SaveJob::finish() {
   for (plan::PlannedFile& file : plan_.files) {
     for (plan::PlannedTensor& t : file.tensors) t.source = at::Tensor();
   }
-  if (release_slot_) release_slot_(!error, error || !plan_.incremental ? Learned() : learned());
+  if (release_slot_) {
+    Learned next = error || !plan_.incremental ? Learned() : learned();
+    if (!plan_.incremental && !plan_.entries.empty() && plan_.written_files == plan_.files.size()) {
+      next.plan = std::move(plan_);  // the job's last use of it
+    }
+    release_slot_(!error, std::move(next));
+  }
   state_->complete(error);
   if (on_completed_) on_completed_();
 }
@@ -439,6 +444,7 @@ void SaveJob::render_tensor_records() noexcept {
     Manifest m;
     add_tensor_records(m, plan_.written_files);
     tensor_text_ = format::manifest_tensor_text(m);
+    format::scan_bounds(tensor_text_);  // the commit checks only the rest
     tensor_text_ready_ = true;
   } catch (...) {
     // Rendered again at the commit, which reports the error.

@@ -43,9 +43,12 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   /// offset in the tensor: equal signatures of the same layout mean equal bytes), and the keys
   /// of stable files laid out anew, whose signatures cannot be compared with the previous
   /// save's (assumed still unchanged; a change shows at the next comparison).
+  /// And, for a full save, its plan without the caller's tensors, which a later save of a
+  /// state alike reuses (plan::Layout::previous); absent where it cannot be reused.
   struct Learned {
     std::map<std::string, std::vector<uint64_t>> signatures;
     std::set<std::string> carried;
+    std::optional<plan::Plan> plan;
   };
   /// Admission bookkeeping: `release_slot(committed, learned)` runs just before the handle
   /// completes (so that a save started once wait() returns is admitted, and sees this one as

@@ -67,11 +67,15 @@ struct TSNAP_HIDDEN Snapshotter::Impl {
   std::mutex pool_mu;  // guards the creation of res.pool (automatic budget: at the first save)
   std::mutex base_mu;
   std::string last_committed;  // name of the last snapshot a save of this Snapshotter committed
-  // The last plans full (not incremental) saves made, newest first, without their sources: a
-  // save of a state alike reuses one's layout (plan::Layout::previous). Several, for loops that
-  // save a few states in turn (a model, an optimizer). Guarded by base_mu.
+  // The plans of the last full (not incremental) saves that completed, newest first, without
+  // their sources (SaveJob::Learned::plan): a save of a state alike takes one and reuses its
+  // layout (plan::Layout::previous), and its job hands it back when it completes. Several, for
+  // loops that save a few states in turn (a model, an optimizer), or whose saves overlap.
+  // Guarded by base_mu.
   static constexpr size_t kKeptPlans = 4;
-  std::deque<std::shared_ptr<const plan::Plan>> kept_plans;
+  std::deque<plan::Plan> kept_plans;
+  // Keeps `plans` (those not moved from), ahead of the kept ones when `newest`.
+  void keep_plans(std::deque<plan::Plan> plans, bool newest);
   // Incremental saves: the keys whose bytes the last committed one found unchanged since the
   // one before (plan::Layout::unchanged), and its keys' signatures (SaveJob::Learned).
   std::shared_ptr<const std::set<std::string>> unchanged;
@@ -356,6 +360,19 @@ void Snapshotter::Impl::admit(const std::string& name, bool overwrite) {
 
 // Runs before the save's handle completes (its commit is done), so that a save started once
 // wait() returns is admitted: its slot and its name are free again.
+void Snapshotter::Impl::keep_plans(std::deque<plan::Plan> plans, bool newest) {
+  std::lock_guard<std::mutex> lock(base_mu);
+  for (plan::Plan& p : plans) {
+    if (p.entries.empty()) continue;  // moved into a save, or not reusable
+    if (newest) {
+      kept_plans.push_front(std::move(p));
+    } else {
+      kept_plans.push_back(std::move(p));
+    }
+  }
+  while (kept_plans.size() > kKeptPlans) kept_plans.pop_back();
+}
+
 void Snapshotter::Impl::release_slot(const std::string& name) {
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -456,22 +473,21 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
   std::shared_ptr<const std::set<std::string>> unchanged_keys;
   if (layout.incremental) unchanged_keys = guess_unchanged(state);
   layout.unchanged = unchanged_keys.get();
-  std::deque<std::shared_ptr<const plan::Plan>> previous;
+  // This save's own while it plans: the one it reuses goes with its job, the others back.
+  std::deque<plan::Plan> previous;
   if (!layout.incremental) {
     std::lock_guard<std::mutex> lock(base_mu);
-    previous = kept_plans;
+    previous.swap(kept_plans);
   }
-  for (const auto& p : previous) layout.previous.push_back(p.get());
-  plan::Plan plan = make_save_plan(state, options, id, layout);
-  if (!plan.reused && !plan.entries.empty()) {
-    auto kept = std::make_shared<plan::Plan>(plan);
-    for (plan::PlannedFile& file : kept->files) {
-      for (plan::PlannedTensor& t : file.tensors) t.source.reset();  // not the caller's memory
-    }
-    std::lock_guard<std::mutex> lock(base_mu);
-    kept_plans.push_front(std::move(kept));
-    if (kept_plans.size() > kKeptPlans) kept_plans.pop_back();
+  for (plan::Plan& p : previous) layout.previous.push_back(&p);
+  plan::Plan plan;
+  try {
+    plan = make_save_plan(state, options, id, layout);
+  } catch (...) {
+    keep_plans(std::move(previous), /*newest=*/false);
+    throw;
   }
+  keep_plans(std::move(previous), /*newest=*/false);
   ensure_pool(plan);
 
   admit(name, options.overwrite);
@@ -499,6 +515,9 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
             unchanged = std::move(same);
             compared = std::move(seen);
             signatures = std::move(learned.signatures);
+          }
+          if (learned.plan) {
+            keep_plans(std::deque<plan::Plan>(1, std::move(*learned.plan)), /*newest=*/true);
           }
           release_slot(name);
         },

@@ -80,11 +80,13 @@ struct Layout {
   /// (the replicated entries' files must be the same on every rank).
   const std::set<std::string>* unchanged = nullptr;
   /// Not incremental: plans make_plan made before (for earlier saves of the same training
-  /// state). When the state holds the same keys as one of them with the same stored dtypes,
-  /// shapes and shard specs, and chunk size, shard count and ranks are the same, the first such
-  /// plan's files are reused (with this save's tensors and id) instead of planned again: the
-  /// plan of every periodic save of a training loop but the first costs a comparison and a copy.
-  std::vector<const Plan*> previous;
+  /// state), which the caller owns alone while make_plan runs. When the state holds the same
+  /// keys as one of them with the same stored dtypes, shapes and shard specs, and chunk size,
+  /// shard count and ranks are the same, the first such plan is moved into the result (with
+  /// this save's tensors and id) instead of planned again, and left without entries; the others
+  /// are not touched. The plan of every periodic save of a training loop but the first costs a
+  /// comparison with the state, not a copy of the plan.
+  std::vector<Plan*> previous;
 };
 
 /// Target size of an incremental save's files, in chunks: 64 MiB with the default 16 MiB
@@ -160,8 +162,8 @@ at::ScalarType stored_dtype(const std::string& key, const StateEntry& entry,
 /// unsupported dtype, sparse/quantized tensor). With `ranks.world_size` > 1 the plan holds only
 /// what `ranks.rank` writes (see RankOf) and its files are named after the rank. An incremental
 /// `layout` groups files as Layout says; every rank derives the same owner for each replicated
-/// entry from the same base manifest. A non-incremental `layout` may name a previous plan to
-/// plans to reuse (Layout::previous): the result is the same as planning anew.
+/// entry from the same base manifest. A non-incremental `layout` may name earlier plans to
+/// reuse (Layout::previous): the result is the same as planning anew.
 Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chunk_bytes,
                const std::string& id, int max_auto_shards, RankOf ranks = {},
                const Layout& layout = {});

@@ -47,6 +47,43 @@ TEST(JsonBounds, DepthValuesAndNulAreChecked) {
   EXPECT_EQ(json_depth(nlohmann::json(3)), 0u);
 }
 
+// A document scanned in pieces, with whole values scanned apart and added, has the problem
+// of the whole (offsets from the document's start).
+TEST(JsonBounds, PiecesScannedApartAddUpToTheWhole) {
+  const auto pieces = [](const std::string& before, const std::string& value,
+                         const std::string& after, size_t max_depth) {
+    JsonBounds part;
+    part.scan(value);
+    JsonBounds whole(max_depth);
+    whole.scan(before);
+    whole.add(part);
+    whole.scan(after);
+    return whole.problem();
+  };
+  const std::string before = "{\"a\":[1,2],\"b\":", after = ",\"c\":\"]]]\"}";
+  for (const std::string value : {"[]", "{\"x\":[1,[2,[3]]],\"y\":\"[{\"}", "7"}) {
+    EXPECT_EQ(pieces(before, value, after, kMaxJsonDepth), "") << value;
+    EXPECT_EQ(json_bounds_problem(before + value + after), "") << value;
+  }
+  // Deep in the part only with the levels around it.
+  EXPECT_EQ(pieces(before, nested(3), after, 4),
+            json_bounds_problem(before + nested(3) + after, 4));
+  EXPECT_EQ(json_bounds_problem(before + nested(4) + after, 4),
+            "nesting deeper than 4 levels at offset 18");
+  EXPECT_EQ(pieces(before, nested(4), after, 4),
+            json_bounds_problem(before + nested(4) + after, 4));
+  // A NUL byte in the part, and one after it.
+  const std::string nul = std::string("[1,\"") + '\0' + "\"]";
+  EXPECT_NE(
+      pieces(before, nul, after, kMaxJsonDepth).find("NUL byte at offset 4 of a part at offset 15"),
+      std::string::npos);
+  EXPECT_NE(pieces(before, "[]", std::string(1, '\0'), kMaxJsonDepth).find("NUL byte at offset 17"),
+            std::string::npos);
+  // A part that is not a whole value.
+  EXPECT_NE(pieces(before, "[1,2", after, kMaxJsonDepth).find("not a whole value"),
+            std::string::npos);
+}
+
 TEST(JsonBounds, AHeaderOfOpeningBracketsIsRefusedWithoutParsingIt) {
   EXPECT_EQ(header_error(std::string(10 << 20, '[')), ErrorCode::kBadHeader);
   EXPECT_EQ(header_error(nested(100000)), ErrorCode::kBadHeader);

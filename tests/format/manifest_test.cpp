@@ -195,6 +195,12 @@ TEST(Manifest, TensorTextRenderedApartGivesTheSameText) {
   const ManifestTensorText tensors = manifest_tensor_text(m);
   EXPECT_NE(tensors.tensors.find("\"layer.weight\""), std::string::npos) << tensors.tensors;
   EXPECT_EQ(manifest_to_text(files_only, &tensors), manifest_to_text(m));
+  // The writer's checked text, with the records' bounds scanned apart or not, is the same.
+  ManifestTensorText scanned = tensors;
+  scan_bounds(scanned);
+  EXPECT_EQ(readable_manifest_text(files_only, &scanned), manifest_to_text(m));
+  EXPECT_EQ(readable_manifest_text(files_only, &tensors), manifest_to_text(m));
+  EXPECT_EQ(readable_manifest_text(m), manifest_to_text(m));
 }
 
 // Format v2: a file that keeps an earlier save's layout names that save (its header's id) and,

@@ -454,6 +454,33 @@ TEST(Snapshotter, SavesOfAStateAlikeAreExactWithTheirOwnIds) {
   EXPECT_EQ(ids.size(), saved.size());
 }
 
+// Saves in flight together: each takes a plan an earlier save handed back, or plans anew when
+// none is free, and hands its own back once it completes; every snapshot is exact whichever
+// plan it used, with its own id.
+TEST(Snapshotter, OverlappingSavesOfAStateAlikeAreExact) {
+  TempDir dir;
+  Snapshotter snap(
+      {.root = dir.path(), .chunk_bytes = 1 << 20, .staging = {.budget_bytes = 16 << 20}});
+  StateDict sd = big_state(5, 100000, 11);
+  std::vector<std::pair<std::string, StateDict>> saved;
+  std::vector<SaveHandle> handles;
+  for (int i = 0; i < 9; ++i) {
+    const std::string name = "s" + std::to_string(i);
+    handles.push_back(snap.save_async(name, sd, {}, {.num_shards = 2}));
+    saved.emplace_back(name, clone(sd));
+    for (auto& [k, e] : sd) e.tensor.add_(1);  // the values at the call are saved
+    if (i % 3 == 2) handles.back().wait();     // two or three in flight, then none
+  }
+  for (SaveHandle& h : handles) h.wait();
+  std::set<std::string> ids;
+  for (const auto& [name, state] : saved) {
+    expect_equal(state, load(dir / name));
+    EXPECT_TRUE(verify(dir / name).empty()) << name;
+    ids.insert(read_manifest(dir / name).id);
+  }
+  EXPECT_EQ(ids.size(), saved.size());
+}
+
 TEST(Snapshotter, InvalidNamesAndOptions) {
   TempDir dir;
   Snapshotter snap({.root = dir.path()});

@@ -179,23 +179,36 @@ TEST(Plan, ReusesThePreviousLayoutForAStateAlike) {
   o.num_shards = 2;
   o.dtype = at::kBFloat16;
   const std::string id1 = "0000000000000001-00000001", id2 = "0000000000000002-00000002";
-  Plan first = make_plan(sized_state(), o, 1 << 20, id1, 4);
+  // A plan as the Snapshotter keeps it: without the caller's tensors.
+  const auto kept = [&](const StateDict& sd) {
+    Plan p = make_plan(sd, o, 1 << 20, id1, 4);
+    for (PlannedFile& f : p.files) {
+      for (PlannedTensor& t : f.tensors) t.source.reset();
+    }
+    return p;
+  };
+  Plan first = kept(sized_state());
   EXPECT_FALSE(first.reused);
   ASSERT_EQ(first.entries.size(), 5u);
-  for (PlannedFile& f : first.files) {
-    for (PlannedTensor& t : f.tensors) t.source.reset();  // as the Snapshotter keeps it
-  }
   const StateDict next = sized_state();  // new tensors, same keys, shapes and dtypes
   Layout layout;
   layout.previous = {&first};
   const Plan reused = make_plan(next, o, 1 << 20, id2, 4, {}, layout);
   EXPECT_TRUE(reused.reused);
   EXPECT_EQ(reused.id, id2);
+  EXPECT_TRUE(first.entries.empty()) << "the reused plan was copied, not moved";
   const Plan fresh = make_plan(next, o, 1 << 20, id2, 4);
   expect_same_files(reused, fresh);
 
+  // Each of these is planned anew, and leaves the kept plan as it was.
   const auto planned_anew = [&](const StateDict& sd, const SaveOptions& opts, uint64_t chunk) {
-    return !make_plan(sd, opts, chunk, id2, 4, {}, layout).reused;
+    Plan previous = kept(sized_state());
+    Layout l;
+    l.previous = {&previous};
+    const Plan p = make_plan(sd, opts, chunk, id2, 4, {}, l);
+    EXPECT_EQ(previous.entries.size(), 5u);
+    expect_same_files(p, make_plan(sd, opts, chunk, id2, 4));
+    return !p.reused;
   };
   StateDict other_shape = sized_state();
   other_shape.set("mid", make_tensor(at::kFloat, {200001}, 2));
@@ -221,13 +234,14 @@ TEST(Plan, ReusesThePreviousLayoutForAStateAlike) {
   SaveOptions fp32 = o;
   fp32.dtype.reset();
   EXPECT_TRUE(planned_anew(next, fp32, 1 << 20));
-  expect_same_files(make_plan(other_shape, o, 1 << 20, id2, 4, {}, layout),
-                    make_plan(other_shape, o, 1 << 20, id2, 4));
-  // Of several kept plans, the one that fits.
-  const Plan other = make_plan(more, o, 1 << 20, id1, 4);
-  layout.previous = {&other, &first};
+  // Of several kept plans, the one that fits is taken; the others stay as they were.
+  Plan other = kept(more);
+  Plan alike = kept(sized_state());
+  layout.previous = {&other, &alike};
   const Plan second = make_plan(next, o, 1 << 20, id2, 4, {}, layout);
   EXPECT_TRUE(second.reused);
+  EXPECT_TRUE(alike.entries.empty());
+  EXPECT_EQ(other.entries.size(), 6u);
   expect_same_files(second, fresh);
 }
 
