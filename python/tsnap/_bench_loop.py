@@ -172,7 +172,7 @@ def main(args):
     workdir = args.dir or tempfile.mkdtemp(prefix="tsnap-loop-")
     os.makedirs(workdir, exist_ok=True)
     results = []
-    for staging in ("eager", "lazy", "copy"):
+    for staging in getattr(args, "stagings", ("eager", "lazy", "copy")):
         r = run(args.size_mb, args.pairs, args.block, staging, os.path.join(workdir, staging))
         print(report(r), flush=True)
         results.append(r)

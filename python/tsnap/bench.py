@@ -346,6 +346,9 @@ def main(argv=None):
                    help="with --loop: block pairs (default 30); with --cuda: 10")
     p.add_argument("--block", type=int, default=None,
                    help="with --loop: training steps per block (default 20); with --cuda: 50")
+    p.add_argument("--stagings", default="eager,lazy,copy",
+                   help="with --loop: comma-separated runs, of eager, lazy and copy (the "
+                   "no-snapshot floor); default: all three")
     p.add_argument("--cuda", action="store_true",
                    help="the state on the GPU: stall, durable and load_into against the pinned "
                    "copies of the same bytes, and a GPU training loop (tsnap/_bench_cuda.py); "
@@ -375,6 +378,10 @@ def main(argv=None):
         from . import _bench_loop
         args.pairs = args.pairs or 30
         args.block = args.block or 20
+        args.stagings = [x for x in args.stagings.split(",") if x]
+        unknown = set(args.stagings) - {"eager", "lazy", "copy"}
+        if unknown or not args.stagings:
+            p.error(f"--stagings takes eager, lazy and copy, not {','.join(sorted(unknown))}")
         results = _bench_loop.main(args)
         if args.json:
             with open(args.json, "w") as f:
