@@ -17,6 +17,13 @@ def test_loop_benchmark_reports_paired_overhead_and_cleans_up(tmp_path):
         want = {"eager": r["stall_s"] / r["block_s"] + 0.01, "lazy": 0.01}.get(staging)
         assert r["target"] == want
         assert "overhead of one snapshot per block" in _bench_loop.report(r)
+        if os.path.exists("/proc/self/task"):  # tsnap's threads, by name
+            own = r["tsnap_cpu_s_per_snapshot"]
+            assert own is not None and "of tsnap's threads" in _bench_loop.report(r)
+            if staging == "copy":
+                assert abs(own) < 0.005  # no tsnap thread has work
+            else:
+                assert own > 0  # each snapshot's writes, hashes and commit
         if staging == "copy":  # no snapshot at all: the floor of a background copy
             assert not os.path.exists(tmp_path / staging)
             assert "floor" in _bench_loop.report(r)

@@ -10,8 +10,11 @@ two within each of ``--pairs`` pairs is random): a block with a snapshot starts 
 the next ``optimizer.step()``) and waits for its commit at the block's end. Slow drift of the
 machine hits both blocks of a pair alike, so the figure is the **paired difference** of block
 times, with/without: its median, and a bootstrap 95 % interval of that median (2,000
-resamples of the pairs). The same for the process's CPU time (every thread): what one snapshot
-costs a busy host. The eager target is ``stall / block time + 1 %``; the lazy one 1 %. A third
+resamples of the pairs). The same for the process's CPU time (every thread), and for the CPU
+time of tsnap's own threads (named ``tsnap-*``; read from ``/proc/self/task``, Linux): what one
+snapshot costs a busy host beyond the stall, which the caller's thread spends. The process's
+figure moves with the training's own threads (LibTorch's intra-op threads spin while they wait);
+tsnap's threads' figure does not. The eager target is ``stall / block time + 1 %``; the lazy one 1 %. A third
 run, ``copy``, takes no snapshot: a thread copies the state into buffers made beforehand
 (``Tensor.copy_``, which may use LibTorch's intra-op threads) and the next ``optimizer.step()``
 waits for it, so its overhead is the floor of any snapshot that copies the state in the
@@ -34,6 +37,28 @@ def bootstrap_median(values, resamples=2000, seed=0):
     medians = sorted(statistics.median(rng.choices(values, k=len(values)))
                      for _ in range(resamples))
     return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+
+
+def tsnap_thread_cpu():
+    """CPU seconds that this process's live threads named ``tsnap-*`` have run so far, from
+    ``/proc/self/task/*/schedstat`` (nanoseconds); None where there is no such file."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    total, seen = 0, False
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                named = f.read().startswith("tsnap-")
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile, or no schedstat
+        seen = True
+        if named:
+            total += ns
+    return total / 1e9 if seen else None
 
 
 def run(size_mb, pairs, block, staging, workdir, seed=0, device="cpu", batch=64):
@@ -70,13 +95,14 @@ def run(size_mb, pairs, block, staging, workdir, seed=0, device="cpu", batch=64)
     rng = random.Random(seed)
     wall = {False: [], True: []}
     cpu = {False: [], True: []}
+    own = {False: [], True: []}  # tsnap's threads
     stalls = []
     n = 0
     for _ in range(pairs):
         order = [False, True]
         rng.shuffle(order)
         for with_snapshot in order:
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, c0, o0 = time.perf_counter(), time.process_time(), tsnap_thread_cpu()
             handle = None
             if with_snapshot:
                 s0 = time.perf_counter()
@@ -91,6 +117,9 @@ def run(size_mb, pairs, block, staging, workdir, seed=0, device="cpu", batch=64)
             sync()
             wall[with_snapshot].append(time.perf_counter() - t0)
             cpu[with_snapshot].append(time.process_time() - c0)
+            o1 = tsnap_thread_cpu()
+            if o0 is not None and o1 is not None:
+                own[with_snapshot].append(o1 - o0)
             if handle is not None and handle.path is not None:
                 shutil.rmtree(handle.path, ignore_errors=True)
     snap.close()
@@ -99,6 +128,11 @@ def run(size_mb, pairs, block, staging, workdir, seed=0, device="cpu", batch=64)
     base = statistics.median(wall[False])
     med, (lo, hi) = statistics.median(diff), bootstrap_median(diff)
     cmed, (clo, chi) = statistics.median(cpu_diff), bootstrap_median(cpu_diff)
+    own_diff = [b - a for a, b in zip(own[False], own[True])]
+    if len(own_diff) == pairs:
+        omed, (olo, ohi) = statistics.median(own_diff), bootstrap_median(own_diff)
+    else:
+        omed, olo, ohi = None, None, None
     stall = statistics.median(stalls)
     target = {"eager": stall / base + 0.01, "lazy": 0.01}.get(staging)
     nbytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
@@ -110,6 +144,7 @@ def run(size_mb, pairs, block, staging, workdir, seed=0, device="cpu", batch=64)
         "block_s": base, "stall_s": stall,
         "overhead": med / base, "overhead_ci": (lo / base, hi / base), "target": target,
         "cpu_s_per_snapshot": cmed, "cpu_ci": (clo, chi),
+        "tsnap_cpu_s_per_snapshot": omed, "tsnap_cpu_ci": (olo, ohi),
     }
 
 
@@ -165,7 +200,9 @@ def report(r):
         f"(95 % CI {lo * 100:+.2f} .. {hi * 100:+.2f} %), {verdict}",
         f"  CPU per snapshot (all threads): {r['cpu_s_per_snapshot']:.3f} s "
         f"(95 % CI {clo:.3f} .. {chi:.3f})",
-    ])
+    ] + ([] if r.get("tsnap_cpu_s_per_snapshot") is None else [
+        f"  CPU per snapshot of tsnap's threads: {r['tsnap_cpu_s_per_snapshot']:.3f} s "
+        f"(95 % CI {r['tsnap_cpu_ci'][0]:.3f} .. {r['tsnap_cpu_ci'][1]:.3f})"]))
 
 
 def main(args):

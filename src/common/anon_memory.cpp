@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/sys_error.h"
+#include "common/thread_name.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack it, older kernels say EINVAL
@@ -59,7 +60,10 @@ void populate_in_parallel(uint8_t* p, uint64_t len) {
   std::vector<std::thread> threads;
   for (uint64_t i = 1; i < n && i * slice < len; ++i) {
     try {
-      threads.emplace_back([=] { populate(p + i * slice, std::min(slice, len - i * slice)); });
+      threads.emplace_back([=] {
+        name_this_thread("tsnap-fault");
+        populate(p + i * slice, std::min(slice, len - i * slice));
+      });
     } catch (const std::system_error&) {
       populate(p + i * slice, std::min(slice, len - i * slice));  // no thread: do it here
     }

@@ -11,7 +11,9 @@ void JsonBounds::scan(std::string_view text) {
   for (size_t i = 0; i < text.size(); ++i) {
     const char ch = text[i];
     if (ch == '\0') {
-      problem_ = "a NUL byte at offset " + std::to_string(offset_ + i);
+      nul_ = true;
+      nul_at_ = offset_ + i;
+      problem_ = "a NUL byte at offset " + std::to_string(nul_at_);
       return;
     }
     if (in_string_) {
@@ -30,14 +32,10 @@ void JsonBounds::scan(std::string_view text) {
         break;
       case '[':
       case '{':
-        if (++depth_ > max_depth_) {
-          problem_ = "nesting deeper than " + std::to_string(max_depth_) + " levels at offset " +
-                     std::to_string(offset_ + i);
+        if (++depth_ > first_at_.size()) first_at_.push_back(offset_ + i);
+        if (depth_ > max_depth_) {
+          problem_ = too_deep(offset_ + i);
           return;
-        }
-        if (depth_ > deepest_) {
-          deepest_ = depth_;
-          deepest_at_ = offset_ + i;
         }
         ++values_;
         break;
@@ -58,19 +56,41 @@ void JsonBounds::scan(std::string_view text) {
   offset_ += text.size();
 }
 
+std::string JsonBounds::too_deep(size_t offset) const {
+  return "nesting deeper than " + std::to_string(max_depth_) + " levels at offset " +
+         std::to_string(offset);
+}
+
 void JsonBounds::add(const JsonBounds& value) {
   if (!problem_.empty()) return;
+  if (in_string_) {
+    problem_ = "a part at offset " + std::to_string(offset_) + " is inside a string";
+    return;
+  }
+  // The depths the part reaches, from here: the first beyond the bound is the whole scan's
+  // problem, wherever the part's own scan stopped (it stopped at its first problem, and
+  // recorded every depth it reached before).
+  for (size_t level = 1; level <= value.first_at_.size(); ++level) {
+    if (depth_ + level <= first_at_.size()) continue;
+    first_at_.push_back(offset_ + value.first_at_[level - 1]);
+    if (depth_ + level > max_depth_) {
+      problem_ = too_deep(first_at_.back());
+      return;
+    }
+  }
   if (!value.problem_.empty()) {
-    problem_ = value.problem_ + " of a part at offset " + std::to_string(offset_);
+    // A NUL byte, or more values than any document may hold, within the part.
+    if (value.nul_) {
+      nul_ = true;
+      nul_at_ = offset_ + value.nul_at_;
+      problem_ = "a NUL byte at offset " + std::to_string(nul_at_);
+    } else {
+      problem_ = value.problem_;
+    }
     return;
   }
   if (value.depth_ != 0 || value.in_string_) {
     problem_ = "a part at offset " + std::to_string(offset_) + " is not a whole value";
-    return;
-  }
-  if (depth_ + value.deepest_ > max_depth_) {
-    problem_ = "nesting deeper than " + std::to_string(max_depth_) + " levels at offset " +
-               std::to_string(offset_ + value.deepest_at_);
     return;
   }
   values_ += value.values_ - 1;

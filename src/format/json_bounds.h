@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace tsnap::format {
 
@@ -34,7 +35,8 @@ class JsonBounds {
   /// The next bytes of the document. Stops at the first problem.
   void scan(std::string_view text);
   /// The next bytes of the document are those of `value`, a whole value scanned apart (with
-  /// the same bound or a looser one).
+  /// the same bound or a looser one), outside a string. The problem is then the one a scan of
+  /// the whole document would name, at the same offset.
   void add(const JsonBounds& value);
   /// "" while the bounds hold.
   const std::string& problem() const { return problem_; }
@@ -46,10 +48,13 @@ class JsonBounds {
   bool in_string_ = false;
   bool escaped_ = false;
   size_t offset_ = 0;  // bytes scanned so far
-  // Of the scan alone: how deep it went below its start, and where it first went that deep.
-  size_t deepest_ = 0;
-  size_t deepest_at_ = 0;
+  // Where each depth was first reached: first_at_[d - 1] for depth d (so the size is the
+  // deepest level so far), to place a problem that a part added at some depth would raise.
+  std::vector<size_t> first_at_;
   std::string problem_;
+  bool nul_ = false;  // the problem is a NUL byte, at nul_at_
+  size_t nul_at_ = 0;
+  std::string too_deep(size_t offset) const;
 };
 
 /// Parses `text` within the bounds; throws std::invalid_argument naming the broken bound, or

@@ -282,15 +282,16 @@ std::string render_manifest(const Manifest& m, const ManifestTensorText* tensor_
 
   size_t scanned = 0;  // bytes of `out` in `bounds`
   const auto part = [&](const std::string& text, const std::optional<JsonBounds>& part_bounds) {
+    w.raw(text);
     if (bounds != nullptr) {
-      bounds->scan(std::string_view(out).substr(scanned));
+      // Everything before the part (a separator the writer put before it included), then it.
+      bounds->scan(std::string_view(out).substr(scanned, out.size() - text.size() - scanned));
       if (part_bounds) {
         bounds->add(*part_bounds);
       } else {
         bounds->scan(text);
       }
     }
-    w.raw(text);
     scanned = out.size();
   };
   w.newline();

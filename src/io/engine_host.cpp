@@ -6,6 +6,7 @@
 #include <optional>
 #include <thread>
 
+#include "common/thread_name.h"
 #include "io/thread_priority.h"
 #include "tsnap/error.h"
 
@@ -32,6 +33,7 @@ struct EngineHost::Thread {
 
   explicit Thread(bool background)
       : work(io.get_executor()), thread([this, background] {
+          detail::name_this_thread("tsnap-io");
           if (background) io::make_background_thread();
           io.run();
         }) {}

@@ -17,7 +17,7 @@ class PwriteEngine final : public Engine {
  public:
   PwriteEngine(int threads, bool background)
       : pool_(static_cast<size_t>(threads < 1 ? 1 : threads)) {
-    if (background) io::make_background_pool(pool_, static_cast<size_t>(threads < 1 ? 1 : threads));
+    io::set_up_pool(pool_, static_cast<size_t>(threads < 1 ? 1 : threads), "tsnap-io", background);
   }
   ~PwriteEngine() override { pool_.join(); }
 

@@ -11,6 +11,8 @@
 #include <condition_variable>
 #include <mutex>
 
+#include "common/thread_name.h"
+
 namespace tsnap::io {
 namespace {
 
@@ -35,14 +37,16 @@ void make_background_thread() {
 #endif
 }
 
-void make_background_pool(boost::asio::thread_pool& pool, size_t threads) {
+void set_up_pool(boost::asio::thread_pool& pool, size_t threads, const char* name,
+                 bool background) {
   // Each task holds its thread until all have started, so that each thread runs exactly one.
   std::mutex mu;
   std::condition_variable cv;
   size_t started = 0, done = 0;
   for (size_t i = 0; i < threads; ++i) {
     boost::asio::post(pool, [&] {
-      make_background_thread();
+      detail::name_this_thread(name);
+      if (background) make_background_thread();
       std::unique_lock<std::mutex> lock(mu);
       ++started;
       cv.notify_all();

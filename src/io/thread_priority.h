@@ -7,7 +7,7 @@
 //
 // Linux only; advisory: a kernel or sandbox that refuses leaves the thread as it was. Lowering
 // is for the thread's life (raising it back needs privileges), so it is only applied to
-// threads that tsnap owns.
+// threads that tsnap owns. set_up_pool also names a pool's threads (common/thread_name.h).
 
 #include <cstddef>
 
@@ -24,8 +24,9 @@ inline constexpr int kBackgroundNice = 10;
 /// best-effort level 7 (the lowest of that class; I/O of the idle class could starve).
 void make_background_thread();
 
-/// Runs make_background_thread once on each of `pool`'s `threads` threads (blocks until they
-/// all have; the pool must have exactly that many threads and nothing else queued that waits).
-void make_background_pool(boost::asio::thread_pool& pool, size_t threads);
+/// Names each of `pool`'s `threads` threads `name` (common/thread_name.h) and, when
+/// `background`, runs make_background_thread on it (blocks until every thread has; the pool must
+/// have exactly that many threads and nothing else queued that waits).
+void set_up_pool(boost::asio::thread_pool& pool, size_t threads, const char* name, bool background);
 
 }  // namespace tsnap::io

@@ -22,13 +22,14 @@
 
 #include <algorithm>
 #include <atomic>
-#include <map>
 #include <cstdio>
+#include <map>
 #include <system_error>
 #include <vector>
 
 #include "common/run_parallel.h"
 #include "common/sys_error.h"
+#include "common/thread_name.h"
 #include "format/hash.h"
 #include "format/layout.h"
 #include "format/manifest_io.h"
@@ -98,7 +99,10 @@ Drain::Drain(DrainConfig config) : config_(std::move(config)) {
     // refuses the credentials fails drains, never the Snapshotter.
     s3_.emplace(config_.durable_root.native());
     requested_ = 1;
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread([this] {
+      detail::name_this_thread("tsnap-drain");  // its upload threads inherit the name
+      run();
+    });
     return;
   }
   std::error_code ec;
@@ -113,7 +117,10 @@ Drain::Drain(DrainConfig config) : config_(std::move(config)) {
     if (l.committed) durable_.emplace(l.name, l.manifest->id);
   }
   requested_ = 1;  // the first pass: whatever the local tier holds that the durable one lacks
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    detail::name_this_thread("tsnap-drain");  // its upload threads inherit the name
+    run();
+  });
 }
 
 Drain::~Drain() {

@@ -356,9 +356,7 @@ void SaveJob::finish() {
   // The caller's tensors are no longer needed: their references go before the handle
   // completes, so that the caller may free them once wait() returns (no reference dropped by a
   // tsnap thread afterwards).
-  for (plan::PlannedFile& file : plan_.files) {
-    for (plan::PlannedTensor& t : file.tensors) t.source = at::Tensor();
-  }
+  plan::clear_sources(plan_);
   if (release_slot_) {
     Learned next = error || !plan_.incremental ? Learned() : learned();
     if (!plan_.incremental && !plan_.entries.empty() && plan_.written_files == plan_.files.size()) {

@@ -17,6 +17,7 @@
 #include "common/hidden.h"
 #include "common/owner_process.h"
 #include "common/sys_error.h"
+#include "common/thread_name.h"
 #include "dist/coordinator.h"
 #include "format/layout.h"
 #include "format/manifest_io.h"
@@ -51,6 +52,26 @@ namespace tsnap {
 #endif
 
 namespace fs = std::filesystem;
+
+namespace {
+
+// Names each TBB worker that joins a staging arena, once: the caller's thread keeps its name.
+class StagingThreadNamer : public tbb::task_scheduler_observer {
+ public:
+  explicit StagingThreadNamer(tbb::task_arena& arena) : tbb::task_scheduler_observer(arena) {
+    observe(true);
+  }
+  ~StagingThreadNamer() override { observe(false); }
+  void on_scheduler_entry(bool worker) override {
+    thread_local bool named = false;
+    if (worker && !named) {
+      detail::name_this_thread("tsnap-stage");
+      named = true;
+    }
+  }
+};
+
+}  // namespace
 
 struct TSNAP_HIDDEN Snapshotter::Impl {
   std::optional<pipeline::RootLock> root_lock;  // first member: released after everything else
@@ -152,9 +173,12 @@ Snapshotter::Impl::Impl(SnapshotterOptions options) {
 #endif
   res.arena = std::make_unique<tbb::task_arena>(eager_threads);
   res.lazy_arena = std::make_unique<tbb::task_arena>(lazy_threads);
+  for (tbb::task_arena* arena : {res.arena.get(), res.lazy_arena.get()}) {
+    res.arena_namers.push_back(std::make_unique<StagingThreadNamer>(*arena));
+  }
   const size_t blocking_threads = static_cast<size_t>(o.max_in_flight) + 1;
   res.blocking = std::make_unique<boost::asio::thread_pool>(blocking_threads);
-  if (o.background_priority) io::make_background_pool(*res.blocking, blocking_threads);
+  io::set_up_pool(*res.blocking, blocking_threads, "tsnap-pipeline", o.background_priority);
   io::EngineRequest request;
   request.background = o.background_priority;
   request.kind = o.io.engine;
@@ -488,9 +512,15 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
     throw;
   }
   keep_plans(std::move(previous), /*newest=*/false);
-  ensure_pool(plan);
-
-  admit(name, options.overwrite);
+  try {
+    ensure_pool(plan);
+    admit(name, options.overwrite);  // kBusy under InFlightPolicy::kFailFast, among others
+  } catch (...) {
+    // A plan taken over from an earlier save stays for the next one.
+    plan::clear_sources(plan);
+    keep_plans(std::deque<plan::Plan>(1, std::move(plan)), /*newest=*/true);
+    throw;
+  }
   std::shared_ptr<stage::HotImage> image = hot ? hot->begin(plan, name, paths.final) : nullptr;
   std::shared_ptr<pipeline::SaveJob> job;
   try {

@@ -519,6 +519,12 @@ Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chun
   return plan;
 }
 
+void clear_sources(Plan& plan) {
+  for (PlannedFile& file : plan.files) {
+    for (PlannedTensor& t : file.tensors) t.source = at::Tensor();
+  }
+}
+
 void add_memory_files(Plan& plan, const StateDict& state, const SaveOptions& options,
                       uint64_t chunk_bytes, int max_auto_shards, RankOf ranks) {
   std::set<std::string> written;

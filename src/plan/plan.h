@@ -168,6 +168,10 @@ Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chun
                const std::string& id, int max_auto_shards, RankOf ranks = {},
                const Layout& layout = {});
 
+/// Drops the plan's references to the caller's tensors (PlannedTensor::source): once its save
+/// no longer reads them, or before a plan is kept for Layout::previous.
+void clear_sources(Plan& plan);
+
 /// Distributed saves with a hot image (SnapshotterOptions::staging.keep_hot): appends to `plan`
 /// (this rank's) files that hold the replicated entries of `state` that other ranks write, staged
 /// into the image but never written, so that the image holds every entry this rank restores. They

@@ -10,14 +10,15 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
-#include <nlohmann/json.hpp>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
 
 #include "common/hidden.h"
 #include "common/owner_process.h"
 #include "common/sys_error.h"
+#include "common/thread_name.h"
 #include "dist/coordinator.h"
 #include "format/layout.h"
 #include "policy/rank_triggers.h"
@@ -177,7 +178,11 @@ PeriodicSnapshots::Impl::Impl(Snapshotter& snap, Schedule sched, MakeCheckpoint 
     // In a group, rank 0's clock decides time-based snapshots for all.
     if (schedule.options().every_seconds > 0 && (!coord || coord->rank() == 0)) arm_timer(0);
     if (triggers) triggers->start_polling();
-    thread = std::thread([this] { io.run(); });
+    asio::post(completions, [] { detail::name_this_thread("tsnap-callback"); });
+    thread = std::thread([this] {
+      detail::name_this_thread("tsnap-hook");
+      io.run();
+    });
     if (!snapshotter.durable_root().empty()) {
       drain_listener =
           snapshotter.add_drain_listener([this](const DrainRecord& r) { on_drained(r); });

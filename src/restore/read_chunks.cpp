@@ -22,6 +22,7 @@
 #include "common/anon_memory.h"
 #include "common/progress_meter.h"
 #include "common/sys_error.h"
+#include "common/thread_name.h"
 #include "format/convert.h"
 #include "format/dtype.h"
 #include "format/hash.h"
@@ -200,7 +201,10 @@ void on_threads(size_t extra, const std::function<void()>& work) {
   std::vector<std::thread> threads;
   for (size_t i = 0; i < extra; ++i) {
     try {
-      threads.emplace_back(work);
+      threads.emplace_back([&work] {
+        detail::name_this_thread("tsnap-read");
+        work();
+      });
     } catch (const std::system_error&) {
       break;
     }
@@ -449,7 +453,10 @@ class Prefault {
     }
     if (regions_.empty()) return;
     try {
-      thread_ = std::thread([this] { run(); });
+      thread_ = std::thread([this] {
+        detail::name_this_thread("tsnap-fault");
+        run();
+      });
     } catch (const std::system_error&) {
       // no thread: the copies fault the pages in
     }

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <system_error>
 
+#include "common/thread_name.h"
 #include "io/thread_priority.h"
 #include "tsnap/error.h"
 
@@ -87,6 +88,7 @@ void StagingPool::fault_in_background(bool background_priority, std::function<vo
   if (faulter_.joinable() || stop_) return;
   try {
     faulter_ = std::thread([this, background_priority, done = std::move(done)] {
+      detail::name_this_thread("tsnap-fault");
       if (background_priority) io::make_background_thread();
       // Buffers are handed out from the back of free_: fault in from its front, so that the
       // saves' acquire() calls and this thread meet in the middle.

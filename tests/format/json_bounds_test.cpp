@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "format/dtype.h"
 #include "format/manifest_io.h"
@@ -47,8 +48,9 @@ TEST(JsonBounds, DepthValuesAndNulAreChecked) {
   EXPECT_EQ(json_depth(nlohmann::json(3)), 0u);
 }
 
-// A document scanned in pieces, with whole values scanned apart and added, has the problem
-// of the whole (offsets from the document's start).
+// A document scanned in pieces, with whole values scanned apart and added, has exactly the
+// problem of the whole (the same words, offsets from the document's start): depth crossed
+// inside a part at any level, a NUL byte in a part, a part that is not a whole value.
 TEST(JsonBounds, PiecesScannedApartAddUpToTheWhole) {
   const auto pieces = [](const std::string& before, const std::string& value,
                          const std::string& after, size_t max_depth) {
@@ -60,28 +62,39 @@ TEST(JsonBounds, PiecesScannedApartAddUpToTheWhole) {
     whole.scan(after);
     return whole.problem();
   };
-  const std::string before = "{\"a\":[1,2],\"b\":", after = ",\"c\":\"]]]\"}";
-  for (const std::string value : {"[]", "{\"x\":[1,[2,[3]]],\"y\":\"[{\"}", "7"}) {
-    EXPECT_EQ(pieces(before, value, after, kMaxJsonDepth), "") << value;
-    EXPECT_EQ(json_bounds_problem(before + value + after), "") << value;
-  }
-  // Deep in the part only with the levels around it.
-  EXPECT_EQ(pieces(before, nested(3), after, 4),
-            json_bounds_problem(before + nested(3) + after, 4));
-  EXPECT_EQ(json_bounds_problem(before + nested(4) + after, 4),
-            "nesting deeper than 4 levels at offset 18");
-  EXPECT_EQ(pieces(before, nested(4), after, 4),
-            json_bounds_problem(before + nested(4) + after, 4));
-  // A NUL byte in the part, and one after it.
   const std::string nul = std::string("[1,\"") + '\0' + "\"]";
-  EXPECT_NE(
-      pieces(before, nul, after, kMaxJsonDepth).find("NUL byte at offset 4 of a part at offset 15"),
-      std::string::npos);
-  EXPECT_NE(pieces(before, "[]", std::string(1, '\0'), kMaxJsonDepth).find("NUL byte at offset 17"),
-            std::string::npos);
-  // A part that is not a whole value.
+  const std::string before = "{\"a\":[1,2],\"b\":", after = ",\"c\":\"]]]\"}";
+  for (const std::string& value : std::vector<std::string>{
+           "[]", std::string("{\"x\":[1,[2,[3]]],\"y\":\"[{\"}"), std::string("7"), nested(3),
+           nested(4), nested(5), nested(6), nested(70), "[[1],[[2]],[[[3,[4]]]]]", nul,
+           "[" + nested(6) + "," + nul + "]"}) {
+    for (size_t max_depth : {size_t{3}, size_t{4}, size_t{5}, kMaxJsonDepth}) {
+      EXPECT_EQ(pieces(before, value, after, max_depth),
+                json_bounds_problem(before + value + after, max_depth))
+          << value << " within " << max_depth;
+    }
+  }
+  EXPECT_EQ(pieces(before, nested(6), after, 4), "nesting deeper than 4 levels at offset 18");
+  EXPECT_EQ(pieces(before, nul, after, kMaxJsonDepth), "a NUL byte at offset 19");
+  EXPECT_EQ(pieces(before, "[]", std::string(1, '\0'), kMaxJsonDepth), "a NUL byte at offset 17");
+  // A part that is not a whole value, and one added inside a string.
   EXPECT_NE(pieces(before, "[1,2", after, kMaxJsonDepth).find("not a whole value"),
             std::string::npos);
+  EXPECT_NE(pieces("{\"k\":\"x", "{\"a\":\"[\"}", "\"[]}", 2).find("inside a string"),
+            std::string::npos);
+  // A document of parts added in turn is itself a part: depth counts through both.
+  JsonBounds inner;
+  inner.scan("[");
+  JsonBounds deep;
+  deep.scan(nested(5));
+  inner.add(deep);
+  inner.scan("]");
+  JsonBounds outer(4);
+  outer.scan("{\"b\":");
+  outer.add(inner);
+  outer.scan("}");
+  EXPECT_EQ(outer.problem(), json_bounds_problem("{\"b\":[" + nested(5) + "]}", 4));
+  EXPECT_EQ(outer.problem(), "nesting deeper than 4 levels at offset 8");
 }
 
 TEST(JsonBounds, AHeaderOfOpeningBracketsIsRefusedWithoutParsingIt) {

@@ -7,11 +7,12 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <mutex>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "io/fault_engine.h"
@@ -167,8 +168,9 @@ TEST(Snapshotter, FailFastPolicyRefusesWhenBusy) {
   });
   StateDict sd = big_state(1, 1000, 1);
   SaveHandle h = snap.save_async("a", sd);
+  for (auto& [k, e] : sd) e.tensor.add_(1);
   try {
-    snap.save_async("b", sd);
+    snap.save_async("b", sd);  // refused once planned: its plan is kept for the next save
     FAIL() << "expected kBusy";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kBusy);
@@ -176,6 +178,7 @@ TEST(Snapshotter, FailFastPolicyRefusesWhenBusy) {
   EXPECT_FALSE(h.done());
   gate->open_gate();
   h.wait();
+  for (auto& [k, e] : sd) e.tensor.add_(1);  // the next save takes the values at its call
   EXPECT_NO_THROW(snap.save_async("b", sd).wait());
   expect_equal(sd, load(dir / "b"));
 }
@@ -429,6 +432,19 @@ TEST(Snapshotter, PoolIsReusedAcrossSaves) {
   EXPECT_EQ(h.stats().buffers_reused, h.stats().chunks);
 }
 
+// Each snapshot under `dir` holds the state saved under its name, verifies, and has an id of
+// its own.
+void expect_saved_with_own_ids(const TempDir& dir,
+                               const std::vector<std::pair<std::string, StateDict>>& saved) {
+  std::set<std::string> ids;
+  for (const auto& [name, state] : saved) {
+    expect_equal(state, load(dir / name));
+    EXPECT_TRUE(verify(dir / name).empty()) << name;
+    ids.insert(read_manifest(dir / name).id);
+  }
+  EXPECT_EQ(ids.size(), saved.size());
+}
+
 // Saves of a state alike reuse the layout planned for the first (plan::Layout::previous),
 // with their own tensors and id: each loads as saved (a shard whose header kept another
 // save's id is refused), and a state whose shapes change in between is planned anew.
@@ -445,13 +461,7 @@ TEST(Snapshotter, SavesOfAStateAlikeAreExactWithTheirOwnIds) {
     saved.emplace_back(name, clone(state));
     for (auto& [k, e] : sd) e.tensor.add_(1);  // training moves on
   }
-  std::set<std::string> ids;
-  for (const auto& [name, state] : saved) {
-    expect_equal(state, load(dir / name));
-    EXPECT_TRUE(verify(dir / name).empty()) << name;
-    ids.insert(read_manifest(dir / name).id);
-  }
-  EXPECT_EQ(ids.size(), saved.size());
+  expect_saved_with_own_ids(dir, saved);
 }
 
 // Saves in flight together: each takes a plan an earlier save handed back, or plans anew when
@@ -472,13 +482,34 @@ TEST(Snapshotter, OverlappingSavesOfAStateAlikeAreExact) {
     if (i % 3 == 2) handles.back().wait();     // two or three in flight, then none
   }
   for (SaveHandle& h : handles) h.wait();
-  std::set<std::string> ids;
-  for (const auto& [name, state] : saved) {
-    expect_equal(state, load(dir / name));
-    EXPECT_TRUE(verify(dir / name).empty()) << name;
-    ids.insert(read_manifest(dir / name).id);
+  expect_saved_with_own_ids(dir, saved);
+}
+
+// The names of this process's threads, from /proc (empty where there is none).
+std::multiset<std::string> thread_names() {
+  std::multiset<std::string> names;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    if (std::getline(comm, name)) names.insert(name);
   }
-  EXPECT_EQ(ids.size(), saved.size());
+  return names;
+}
+
+// tsnap's threads are named (top -H, ps -L, perf): the io thread and the pipeline's pool.
+TEST(Snapshotter, ItsThreadsAreNamed) {
+  if (thread_names().empty()) GTEST_SKIP() << "no /proc/self/task here";
+  TempDir dir;
+  const std::multiset<std::string> before = thread_names();
+  {
+    Snapshotter snap({.root = dir.path(), .chunk_bytes = 1 << 20});
+    snap.save_async("s", big_state(2, 100000, 1)).wait();
+    const std::multiset<std::string> during = thread_names();
+    EXPECT_GE(during.count("tsnap-io"), before.count("tsnap-io") + 1);
+    EXPECT_GE(during.count("tsnap-pipeline"), before.count("tsnap-pipeline") + 1);
+  }
+  EXPECT_EQ(thread_names().count("tsnap-pipeline"), before.count("tsnap-pipeline"));
 }
 
 TEST(Snapshotter, InvalidNamesAndOptions) {
