@@ -11,8 +11,9 @@ the next ``optimizer.step()``) and waits for its commit at the block's end. Slow
 machine hits both blocks of a pair alike, so the figure is the **paired difference** of block
 times, with/without: its median, and a bootstrap 95 % interval of that median (2,000
 resamples of the pairs). The same for the process's CPU time (every thread), and for the CPU
-time of tsnap's own threads (named ``tsnap-*``; read from ``/proc/self/task``, Linux): what one
-snapshot costs a busy host beyond the stall, which the caller's thread spends. The process's
+time of tsnap's own threads (named ``tsnap-*``, and the kernel's io_uring workers of their rings;
+read from ``/proc/self/task``, Linux), taken from the block's start to the snapshot's commit:
+what one snapshot costs a busy host beyond the stall, which the caller's thread spends. The process's
 figure moves with the training's own threads (LibTorch's intra-op threads spin while they wait);
 tsnap's threads' figure does not. The eager target is ``stall / block time + 1 %``; the lazy one 1 %. A third
 run, ``copy``, takes no snapshot: a thread copies the state into buffers made beforehand
@@ -39,26 +40,37 @@ def bootstrap_median(values, resamples=2000, seed=0):
     return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
-def tsnap_thread_cpu():
-    """CPU seconds that this process's live threads named ``tsnap-*`` have run so far, from
-    ``/proc/self/task/*/schedstat`` (nanoseconds); None where there is no such file."""
+def tsnap_threads():
+    """CPU nanoseconds run so far by each live thread of this process that works for tsnap:
+    those named ``tsnap-*`` and the kernel's io_uring workers of their rings (``iou-wrk-<tid>``
+    of such a thread), from ``/proc/self/task/*/schedstat``; None where there is none."""
     try:
-        tasks = os.listdir("/proc/self/task")
+        tids = os.listdir("/proc/self/task")
     except OSError:
         return None
-    total, seen = 0, False
-    for tid in tasks:
+    names, ns = {}, {}
+    for tid in tids:
         try:
             with open(f"/proc/self/task/{tid}/comm") as f:
-                named = f.read().startswith("tsnap-")
+                names[tid] = f.read().strip()
             with open(f"/proc/self/task/{tid}/schedstat") as f:
-                ns = int(f.read().split()[0])
+                ns[tid] = int(f.read().split()[0])
         except (OSError, ValueError, IndexError):
-            continue  # a thread that ended meanwhile, or no schedstat
-        seen = True
-        if named:
-            total += ns
-    return total / 1e9 if seen else None
+            names.pop(tid, None)  # a thread that ended meanwhile, or no schedstat
+    if not ns:
+        return None
+    own = {t for t, n in names.items() if n.startswith("tsnap-")}
+    own |= {t for t, n in names.items() if n.startswith("iou-wrk-") and n[8:] in own}
+    return {t: ns[t] for t in own if t in ns}
+
+
+def cpu_between(before, after):
+    """CPU seconds tsnap's threads ran between two tsnap_threads() samples: the growth of those
+    in both, and all of those new in the second. A thread gone by the second (an io_uring worker
+    ends after a few idle seconds) ran nothing that can be seen since the first."""
+    if before is None or after is None:
+        return None
+    return sum(v - before.get(t, 0) for t, v in after.items()) / 1e9
 
 
 def run(size_mb, pairs, block, staging, workdir, seed=0, device="cpu", batch=64):
@@ -102,7 +114,8 @@ def run(size_mb, pairs, block, staging, workdir, seed=0, device="cpu", batch=64)
         order = [False, True]
         rng.shuffle(order)
         for with_snapshot in order:
-            t0, c0, o0 = time.perf_counter(), time.process_time(), tsnap_thread_cpu()
+            t0, c0, o0 = time.perf_counter(), time.process_time(), tsnap_threads()
+            o1 = None
             handle = None
             if with_snapshot:
                 s0 = time.perf_counter()
@@ -112,14 +125,16 @@ def run(size_mb, pairs, block, staging, workdir, seed=0, device="cpu", batch=64)
             for k in range(block):
                 staged = handle.wait_staged if handle is not None and k == 0 else None
                 step(staged)
+                if handle is not None and o1 is None and handle.done():
+                    o1 = tsnap_threads()  # before its io_uring workers go idle and end
             if handle is not None:
                 handle.wait()
             sync()
             wall[with_snapshot].append(time.perf_counter() - t0)
             cpu[with_snapshot].append(time.process_time() - c0)
-            o1 = tsnap_thread_cpu()
-            if o0 is not None and o1 is not None:
-                own[with_snapshot].append(o1 - o0)
+            own_s = cpu_between(o0, o1 if o1 is not None else tsnap_threads())
+            if own_s is not None:
+                own[with_snapshot].append(own_s)
             if handle is not None and handle.path is not None:
                 shutil.rmtree(handle.path, ignore_errors=True)
     snap.close()
@@ -164,6 +179,9 @@ class _BackgroundCopy:
             self._thread.join()
 
         wait = wait_staged
+
+        def done(self):
+            return not self._thread.is_alive()
 
     def __init__(self, state):
         from tsnap._tree import flatten
