@@ -5,12 +5,12 @@
 #include <tbb/task_arena.h>
 #include <tbb/task_scheduler_observer.h>
 
-#include <atomic>
 #include <boost/asio/thread_pool.hpp>
 #include <memory>
 #include <vector>
 
 #include "io/engine_host.h"
+#include "pipeline/deferred_writes.h"
 #include "stage/staging_pool.h"
 #include "tsnap/snapshotter.h"
 
@@ -26,10 +26,9 @@ struct Resources {
   // before the arenas.
   std::vector<std::unique_ptr<tbb::task_scheduler_observer>> arena_namers;
   std::unique_ptr<boost::asio::thread_pool> blocking;
-  // Set while a save stages with its writes held back (SaveJob::defer_writes_): one at a time,
-  // so that two eager saves staged at once from two threads never both hold buffers unwritten
-  // while each waits for the other's.
-  std::atomic<bool> deferring{false};
+  // The writes an eager save holds back while it stages (deferred_writes.h); released by any
+  // wait for a staging buffer (the pool's reclaim hook).
+  DeferredWrites deferred;
 };
 
 }  // namespace tsnap::pipeline

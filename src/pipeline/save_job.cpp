@@ -129,9 +129,9 @@ void SaveJob::stage(bool lazy) {
     if (!prepared_) prepare_sources();
     if (sources_error_) std::rethrow_exception(sources_error_);
     const std::vector<stage::Sources>& sources = sources_;
-    bool idle = false;
-    defer_writes_ = !lazy && res_.pool->count() - res_.pool->in_use() >= plan_.chunks.size() &&
-                    res_.deferring.compare_exchange_strong(idle, true);
+    if (!lazy && res_.pool->count() - res_.pool->in_use() >= plan_.chunks.size()) {
+      defer_ticket_ = res_.deferred.begin();
+    }
     (lazy ? res_.lazy_arena : res_.arena)->execute([&] {
       tbb::parallel_for(size_t{0}, plan_.chunks.size(), [&](size_t i) {
         if (!failed_) stage_chunk(i, sources);
@@ -163,9 +163,7 @@ void SaveJob::stage(bool lazy) {
       self->release_token();
     });
   }
-  for (const auto& [ref, buf, len] : deferred_) submit(ref, buf, len, std::nullopt);
-  deferred_.clear();
-  if (defer_writes_) res_.deferring.store(false);
+  res_.deferred.release(defer_ticket_);  // the writes held back, unless a wait released them
   release_token();
 }
 
@@ -200,12 +198,22 @@ void SaveJob::stage_chunk(size_t index, const std::vector<stage::Sources>& sourc
                       [self, ref, buf, len] { self->compare_and_submit(ref, buf, len); });
     return;
   }
-  if (defer_writes_) {
-    std::lock_guard<std::mutex> lock(deferred_mu_);
-    deferred_.emplace_back(ref, buf, len);
+  auto self = shared_from_this();
+  if (res_.deferred.hold(defer_ticket_,
+                         [self, ref, buf, len] { self->submit_held(ref, buf, len); })) {
     return;
   }
   submit(ref, buf, len, std::nullopt);
+}
+
+void SaveJob::submit_held(plan::ChunkRef ref, int buf, uint64_t len) noexcept {
+  try {
+    submit(ref, buf, len, std::nullopt);
+  } catch (...) {  // not submitted: the buffer and the token are still this chunk's
+    fail(std::current_exception());
+    res_.pool->release(buf);
+    release_token();
+  }
 }
 
 void SaveJob::compare_and_submit(plan::ChunkRef ref, int buf, uint64_t len) {

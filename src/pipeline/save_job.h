@@ -83,6 +83,8 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   // Submits the write of a staged chunk; `hash` when already known (incremental), else the
   // chunk is hashed when the write completes.
   void submit(plan::ChunkRef ref, int buf, uint64_t len, std::optional<uint64_t> hash);
+  // submit() of a chunk whose write was held back (DeferredWrites): a failure fails the save.
+  void submit_held(plan::ChunkRef ref, int buf, uint64_t len) noexcept;
   // Incremental: hashes a staged chunk of a file with base hashes and writes it only when it
   // differs from the base file's chunk.
   void compare_and_submit(plan::ChunkRef ref, int buf, uint64_t len);
@@ -139,18 +141,16 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   // staging ends (right after the caller is released), so that the io thread's writes and
   // hashes do not share the cores and the memory bandwidth with the copy the caller waits for
   // (measured on 2 cores: a steadier stall, 0.90-0.97x the memcpy floor, and a durable time no
-  // longer). The chunks staged meanwhile, to submit then. A pool that cannot hold the save
-  // writes as it stages: its buffers come back only from completed writes. So does a save
-  // staged while another holds its writes back (Resources::deferring): at most one save holds
-  // unwritten buffers, so every wait for a buffer ends.
+  // longer). A pool that cannot hold the save writes as it stages: its buffers come back only
+  // from completed writes. So does a save staged while another holds its writes back: at most
+  // one save holds unwritten buffers, and any wait for a buffer releases them
+  // (Resources::deferred, deferred_writes.h), so every wait for a buffer ends.
   std::vector<stage::Sources> sources_;  // per file, from prepare_sources to staging's end
   bool prepared_ = false;
   format::ManifestTensorText tensor_text_;  // see render_tensor_records()
   bool tensor_text_ready_ = false;
   std::exception_ptr sources_error_;
-  bool defer_writes_ = false;
-  std::mutex deferred_mu_;
-  std::vector<std::tuple<plan::ChunkRef, int, uint64_t>> deferred_;
+  uint64_t defer_ticket_ = 0;  // DeferredWrites' ticket; 0: the writes are not held back
   std::atomic<bool> failed_{false};
   bool keep_temporary_ = false;  // distributed: rank 0 went silent and may still commit
   double coordinate_s_ = 0;      // distributed: waiting for the other ranks / rank 0's verdict

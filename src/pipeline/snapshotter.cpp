@@ -240,10 +240,13 @@ void Snapshotter::Impl::make_pool(uint64_t budget) {
       // advisory: writes stay plain writes
     }
   });
-  if (o.staging.keep_hot) {
-    hot = std::make_unique<stage::HotImages>(*res.pool);
-    res.pool->set_reclaim([images = hot.get()] { images->reclaim(); });
-  }
+  if (o.staging.keep_hot) hot = std::make_unique<stage::HotImages>(*res.pool);
+  // A thread that finds no free buffer gets the kept ones back (hot images) and starts the
+  // writes held back (deferred_writes.h): the buffers those hold come back once written.
+  res.pool->set_reclaim([images = hot.get(), deferred = &res.deferred] {
+    if (images != nullptr) images->reclaim();
+    deferred->release_any();
+  });
 }
 
 std::shared_ptr<const std::set<std::string>> Snapshotter::Impl::guess_unchanged(
