@@ -30,10 +30,11 @@ struct Figures {
 };
 
 void print_row(const char* name, const Figures& f) {
-  std::printf("  %-12s written %8.1f MB  linked %8.1f MB  durable %6.3f s (%.3f..%.3f)  "
-              "stall %6.3f s\n",
-              name, f.written.median() / 1e6, f.linked.median() / 1e6, f.durable.median(),
-              f.durable.min(), f.durable.max(), f.stall.median());
+  std::printf(
+      "  %-12s written %8.1f MB  linked %8.1f MB  durable %6.3f s (%.3f..%.3f)  "
+      "stall %6.3f s\n",
+      name, f.written.median() / 1e6, f.linked.median() / 1e6, f.durable.median(), f.durable.min(),
+      f.durable.max(), f.stall.median());
 }
 
 int run(const BenchOptions& o, bool interleaved) {
@@ -66,11 +67,12 @@ int run(const BenchOptions& o, bool interleaved) {
       h.wait();
       (incremental ? f_inc : f_full).add(h.stats());
       if (incremental) {
-        std::printf("  incremental save %d: written %.1f MB = %.3f x the changed tensors' "
-                    "%.1f MB, linked %.1f MB\n",
-                    rep, h.stats().written_bytes / 1e6,
-                    static_cast<double>(h.stats().written_bytes) / changed, changed / 1e6,
-                    h.stats().linked_bytes / 1e6);
+        std::printf(
+            "  incremental save %d: written %.1f MB = %.3f x the changed tensors' "
+            "%.1f MB, linked %.1f MB\n",
+            rep, h.stats().written_bytes / 1e6,
+            static_cast<double>(h.stats().written_bytes) / changed, changed / 1e6,
+            h.stats().linked_bytes / 1e6);
       }
       remove_snapshot(snap.root() / name(rep - 1));
     }

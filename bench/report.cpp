@@ -227,7 +227,8 @@ void print_timeline_table(const BenchOptions& o, const StateInfo& state, const T
   std::cout << "\nmean step time: " << ms(tl.mean(false)) << " ms without snapshots, "
             << ms(tl.mean(true)) << " ms with (overhead " << fixed(tl.overhead_pct(), 2)
             << "%; median over blocks of " << tl.every << " steps "
-            << fixed(tl.block_overhead_median_pct(), 2) << "%); max stall " << fixed(tl.max_stall() * 1e3, 2) << " ms\n";
+            << fixed(tl.block_overhead_median_pct(), 2) << "%); max stall "
+            << fixed(tl.max_stall() * 1e3, 2) << " ms\n";
 }
 
 void print_timeline_json(const BenchOptions& o, const StateInfo& state, const Timeline& tl) {

@@ -92,8 +92,8 @@ PointResult SaveRunner::run(const PointSpec& spec, size_t index) {
   {
     SaveOptions save;
     save.dtype = spec.dtypes.front();
-    SaveHandle h = snap.save_async("first-" + std::to_string(index), state_,
-                                   nlohmann::json::object(), save);
+    SaveHandle h =
+        snap.save_async("first-" + std::to_string(index), state_, nlohmann::json::object(), save);
     h.wait();
     first_stall = h.stats().stall_s;
     detail::remove_tree(h.path().string());

@@ -37,7 +37,9 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -158,7 +160,6 @@ int main(int argc, char** argv) {
               median(stall_draining));
   std::printf("drain / best raw upload: %.2f (target >= 0.9)\n", up / median(drain_s));
   std::printf("load / raw ranged GETs: %.2f (target >= 0.9)\n", median(raw_down) / median(load_s));
-  std::printf("stall while draining / alone: %.2f\n",
-              median(stall_draining) / median(stall_alone));
+  std::printf("stall while draining / alone: %.2f\n", median(stall_draining) / median(stall_alone));
   return 0;
 }

@@ -124,8 +124,8 @@ Timeline run_timeline(const BenchOptions& o, StateDict& state, const fs::path& w
   SaveHandle previous;              // the one before, removed once `current` commits
   for (int begin = 0; begin < o.steps; begin += o.every) {
     const int end = std::min(o.steps, begin + o.every);
-    progress.show("timeline: steps " + std::to_string(begin + 1) + "-" + std::to_string(end) +
-                  "/" + std::to_string(o.steps) + " without, then with a snapshot");
+    progress.show("timeline: steps " + std::to_string(begin + 1) + "-" + std::to_string(end) + "/" +
+                  std::to_string(o.steps) + " without, then with a snapshot");
     for (int i = begin; i < end; ++i) {
       const auto t0 = Clock::now();
       sim.compute();

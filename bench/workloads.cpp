@@ -57,8 +57,8 @@ FineTuning gpt2_fine_tuning(double scale) {
   // The head and its two moments are 10 % of the bytes: 3h = (F + 3h) / 10, h = F / 27.
   const int64_t d = std::max<int64_t>(64, static_cast<int64_t>(768 * scale));
   const int64_t width = std::max<int64_t>(1, static_cast<int64_t>(out.state.nbytes() / 27 / 4 / d));
-  for (const char* key : {"model.head.weight", "optim.head.weight.exp_avg",
-                          "optim.head.weight.exp_avg_sq"}) {
+  for (const char* key :
+       {"model.head.weight", "optim.head.weight.exp_avg", "optim.head.weight.exp_avg_sq"}) {
     out.state.insert(key, filled({d, width}));
     out.trained.emplace_back(key);
   }

@@ -353,8 +353,8 @@ int demo(const Args& args) {
   fs::create_directories(dir);
 
   std::printf("tsnap training demo: a %" PRId64 "-layer transformer (d_model %" PRId64 ", %" PRId64
-              " heads), AdamW + StepLR, synthetic batches of %" PRId64 "x%" PRId64 " tokens, %" PRId64
-              " steps, %d LibTorch thread(s)\n",
+              " heads), AdamW + StepLR, synthetic batches of %" PRId64 "x%" PRId64
+              " tokens, %" PRId64 " steps, %d LibTorch thread(s)\n",
               kLayers, kWidth, kHeads, kBatch, kSeq, args.steps, args.threads);
   std::printf("snapshots of model + optimizer + LR scheduler + RNG every %" PRId64
               " steps (keep the last 2 and every %" PRId64 "th step) under %s\n\n",

@@ -73,8 +73,8 @@ struct TSNAP_API ScheduleOptions {
 /// What retention knows of one committed snapshot.
 struct TSNAP_API SnapshotFacts {
   int64_t step = 0;
-  double created_s = 0;           ///< Creation time, seconds since the Unix epoch.
-  std::optional<double> metric;   ///< Its `best_metric`, if its metadata has that number.
+  double created_s = 0;          ///< Creation time, seconds since the Unix epoch.
+  std::optional<double> metric;  ///< Its `best_metric`, if its metadata has that number.
 };
 
 /// When to snapshot and what to keep: a validated ScheduleOptions and the two decisions a hook

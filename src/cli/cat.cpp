@@ -39,7 +39,7 @@ struct CatOptions {
   fs::path snapshot;
   std::string key;
   std::string object;  // KEY is this checkpoint object's
-  std::string rows;  // "START:END"
+  std::string rows;    // "START:END"
   bool full = false;
   bool no_verify = false;
 };
@@ -260,8 +260,7 @@ Command add_cat(CLI::App& app) {
       ->required()
       ->type_name("DIR");
   sub->add_option("KEY", options->key, "Tensor name (see `tsnap inspect`)")->required();
-  sub->add_option("--object", options->object,
-                  "KEY is checkpoint object NAME's (reads 'NAME/KEY')")
+  sub->add_option("--object", options->object, "KEY is checkpoint object NAME's (reads 'NAME/KEY')")
       ->type_name("NAME");
   sub->add_option("--rows", options->rows, "Only rows [START, END) along dimension 0")
       ->type_name("START:END");

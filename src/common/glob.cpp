@@ -1,7 +1,6 @@
 #include "common/glob.h"
 
 #include <algorithm>
-
 #include <cstddef>
 #include <utility>
 
@@ -130,8 +129,8 @@ std::vector<std::string> select_keys(const std::vector<std::string>& keys,
     for (size_t i = 0; i < patterns.size(); ++i) {
       if (!used[i]) {
         throw_error(ErrorCode::kKeyNotFound, std::string(including ? "include" : "exclude") +
-                                                 " pattern '" + patterns[i] +
-                                                 "' matches no key" + near_keys_note(patterns[i], keys));
+                                                 " pattern '" + patterns[i] + "' matches no key" +
+                                                 near_keys_note(patterns[i], keys));
       }
     }
   }

@@ -24,7 +24,8 @@ void run_parallel(size_t tasks, int threads, const std::function<void(size_t, in
       failed = true;
     }
   };
-  const int n = static_cast<int>(std::min<size_t>(std::max(1, threads), std::max<size_t>(1, tasks)));
+  const int n =
+      static_cast<int>(std::min<size_t>(std::max(1, threads), std::max<size_t>(1, tasks)));
   std::vector<std::thread> pool;
   for (int w = 1; w < n; ++w) {
     try {

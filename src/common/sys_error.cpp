@@ -27,8 +27,6 @@ std::string message_of(const std::exception_ptr& e) {
   }
 }
 
-std::string first_line(const std::string& message) {
-  return message.substr(0, message.find('\n'));
-}
+std::string first_line(const std::string& message) { return message.substr(0, message.find('\n')); }
 
 }  // namespace tsnap::detail

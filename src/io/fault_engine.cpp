@@ -15,8 +15,7 @@ void FaultInjectingEngine::read(int fd, void* buf, size_t len, uint64_t offset, 
   ForwardingEngine::read(fd, buf, len, offset, buf_index, std::move(done));
 }
 
-void FaultInjectingEngine::readv(int fd, const iovec* iov, int iovcnt, uint64_t offset,
-                                 Done done) {
+void FaultInjectingEngine::readv(int fd, const iovec* iov, int iovcnt, uint64_t offset, Done done) {
   if (hit(reads_, faults_.fail_read)) return done(-faults_.error);  // counted as reads
   ForwardingEngine::readv(fd, iov, iovcnt, offset, std::move(done));
 }

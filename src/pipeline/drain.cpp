@@ -348,8 +348,7 @@ bool Drain::link_reused(const FileRecord& f, const Manifest& m, const std::strin
   const Manifest& base = *it->second;
   const FileRecord* there = base.find_file(f.name);
   if (there == nullptr || there->size != f.size || there->chunk_bytes != f.chunk_bytes ||
-      there->chunk_hashes != f.chunk_hashes ||
-      there->header_id(base.id) != f.header_id(m.id)) {
+      there->chunk_hashes != f.chunk_hashes || there->header_id(base.id) != f.header_id(m.id)) {
     return false;
   }
   const fs::path from = config_.durable_root / f.reused_from / f.name;
@@ -440,7 +439,8 @@ std::optional<DrainRecord> Drain::drain_one(const fs::path& local, const std::st
                       "drain: chunk " + std::to_string(i) + " of " + label + " (bytes [" +
                           std::to_string(offset) + ", " + std::to_string(offset + len) +
                           ")) has XXH3-64 " + format::hash_hex(hash) + ", the manifest says " +
-                          format::hash_hex(f.chunk_hashes[i]) + "; the snapshot is not copied to " + root);
+                          format::hash_hex(f.chunk_hashes[i]) + "; the snapshot is not copied to " +
+                          root);
         }
         for (size_t p = 0; p < len; p += kPieceBytes) {
           const size_t piece = static_cast<size_t>(std::min<uint64_t>(kPieceBytes, len - p));
@@ -519,8 +519,8 @@ std::optional<DrainRecord> Drain::drain_one_s3(const format::SnapshotDir& dir,
   return record;
 }
 
-void Drain::upload_file(const format::SnapshotDir& dir, const FileRecord& f,
-                        const std::string& key, DrainRecord& record) {
+void Drain::upload_file(const format::SnapshotDir& dir, const FileRecord& f, const std::string& key,
+                        DrainRecord& record) {
   format::OpenedFile src;
   try {
     src = format::open_snapshot_file(dir, f.name, "shard");
@@ -529,8 +529,9 @@ void Drain::upload_file(const format::SnapshotDir& dir, const FileRecord& f,
     throw;
   }
   const std::string label = dir.label(f.name);
-  const std::string target = s3_->location().str() + "/" + key.substr(
-      s3_->location().prefix.empty() ? 0 : s3_->location().prefix.size() + 1);
+  const std::string target =
+      s3_->location().str() + "/" +
+      key.substr(s3_->location().prefix.empty() ? 0 : s3_->location().prefix.size() + 1);
   if (src.size() != f.size) {
     throw_error(src.size() < f.size ? ErrorCode::kTruncated : ErrorCode::kBadManifest,
                 "drain: " + label + " is " + std::to_string(src.size()) +
@@ -542,7 +543,8 @@ void Drain::upload_file(const format::SnapshotDir& dir, const FileRecord& f,
   const uint64_t chunk = std::max<uint64_t>(f.chunk_bytes, 1);
   uint64_t part_bytes = chunk * std::max<uint64_t>(1, (kMinPart + chunk - 1) / chunk);
   while ((f.size + part_bytes - 1) / part_bytes > 10000) part_bytes *= 2;
-  const size_t parts = static_cast<size_t>(std::max<uint64_t>(1, (f.size + part_bytes - 1) / part_bytes));
+  const size_t parts =
+      static_cast<size_t>(std::max<uint64_t>(1, (f.size + part_bytes - 1) / part_bytes));
   // Reads part `p` into `buffer`, checking each chunk's hash before anything is sent.
   auto read_part = [&](size_t p, std::vector<uint8_t>& buffer) -> size_t {
     const uint64_t begin = p * part_bytes;

@@ -56,17 +56,18 @@ void check_prefix(const std::vector<std::string>& all, const LoadOptions& option
   const std::string& prefix = options.key_prefix;
   if (prefix.empty()) return;
   if (keys_under(all, prefix).empty() && !all.empty()) {
-    throw_error(ErrorCode::kKeyNotFound, "no key of " + path.string() + " starts with the key "
-                                             "prefix '" + prefix + "'" +
-                                             detail::near_keys_note(prefix, all));
+    throw_error(ErrorCode::kKeyNotFound, "no key of " + path.string() +
+                                             " starts with the key "
+                                             "prefix '" +
+                                             prefix + "'" + detail::near_keys_note(prefix, all));
   }
   for (const auto* patterns : {&options.include, &options.exclude}) {
     for (const std::string& p : *patterns) {
       if (p.compare(0, prefix.size(), prefix) == 0) {
-        throw_error(ErrorCode::kInvalidArgument,
-                    "pattern '" + p + "' starts with the key prefix '" + prefix +
-                        "': patterns apply to the keys without it ('" + p.substr(prefix.size()) +
-                        "')");
+        throw_error(ErrorCode::kInvalidArgument, "pattern '" + p +
+                                                     "' starts with the key prefix '" + prefix +
+                                                     "': patterns apply to the keys without it ('" +
+                                                     p.substr(prefix.size()) + "')");
       }
     }
   }
@@ -75,8 +76,8 @@ void check_prefix(const std::vector<std::string>& all, const LoadOptions& option
 std::vector<std::string> select(const std::vector<std::string>& all, const LoadOptions& options,
                                 const std::filesystem::path& path) {
   check_prefix(all, options, path);
-  return detail::select_keys(keys_under(all, options.key_prefix), options.include,
-                             options.exclude, !options.allow_unmatched);
+  return detail::select_keys(keys_under(all, options.key_prefix), options.include, options.exclude,
+                             !options.allow_unmatched);
 }
 
 int64_t numel_of(const std::vector<int64_t>& shape) {

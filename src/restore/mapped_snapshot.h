@@ -64,7 +64,7 @@ class MappedSnapshot {
   const Mapping& mapping(const std::string& file) const;
 
   std::shared_ptr<const FetchedSnapshot> fetched_;  // the local copy of an s3:// one (last to go)
-  format::SnapshotDir dir_;  // its own descriptor of the directory opened
+  format::SnapshotDir dir_;                         // its own descriptor of the directory opened
   bool verify_;
   Manifest manifest_;
   RecordIndex index_;  // into manifest_

@@ -55,8 +55,8 @@ uint64_t chunk_length(const FileRecord& f, uint64_t chunk) {
 
 std::string chunk_label(const std::string& object, const FileRecord& f, uint64_t chunk) {
   const uint64_t begin = chunk * f.chunk_bytes;
-  return "chunk " + std::to_string(chunk) + " of " + object + " (bytes [" +
-         std::to_string(begin) + ", " + std::to_string(begin + chunk_length(f, chunk)) + "))";
+  return "chunk " + std::to_string(chunk) + " of " + object + " (bytes [" + std::to_string(begin) +
+         ", " + std::to_string(begin + chunk_length(f, chunk)) + "))";
 }
 
 void check(int rc, const std::string& what) {
@@ -80,8 +80,7 @@ void fetch_files(const format::S3Root& root, const std::string& name, const Mani
     const std::string path = (dir / f.name).string();
     fds[i] = io::open_fd(path, O_WRONLY | O_CREAT | O_EXCL, 0644, &err);
     check(err, "create " + path);
-    check(::ftruncate(fds[i].get(), static_cast<off_t>(f.size)) == 0 ? 0 : -errno,
-          "size " + path);
+    check(::ftruncate(fds[i].get(), static_cast<off_t>(f.size)) == 0 ? 0 : -errno, "size " + path);
     largest = std::max(largest, std::min(f.chunk_bytes, f.size));
     for (uint64_t c = 0; c < f.chunk_hashes.size(); ++c) tasks.push_back({i, c});
   }
@@ -95,9 +94,9 @@ void fetch_files(const format::S3Root& root, const std::string& name, const Mani
     client.get_range(bucket, root.key(name, f.name), offset, buffer, len);
     const uint64_t hash = format::hash64(buffer, len);
     if (hash != f.chunk_hashes[t.chunk]) {
-      throw_error(ErrorCode::kHashMismatch,
-                  chunk_label(object, f, t.chunk) + " has XXH3-64 " + format::hash_hex(hash) +
-                      ", the manifest says " + format::hash_hex(f.chunk_hashes[t.chunk]));
+      throw_error(ErrorCode::kHashMismatch, chunk_label(object, f, t.chunk) + " has XXH3-64 " +
+                                                format::hash_hex(hash) + ", the manifest says " +
+                                                format::hash_hex(f.chunk_hashes[t.chunk]));
     }
     const ssize_t n = ::pwrite(fds[t.file].get(), buffer, len, static_cast<off_t>(offset));
     if (n != static_cast<ssize_t>(len)) {
@@ -141,7 +140,8 @@ FetchedSnapshot::FetchedSnapshot(const std::string& url, bool every_file) {
   if (!text) throw_error(ErrorCode::kNotFound, "snapshot " + url + " does not exist (no manifest)");
   manifest_ = format::parse_manifest(*text, url + "/" + kManifestName);
   const char* env = std::getenv("TSNAP_FETCH_DIR");
-  const fs::path parent = env != nullptr && *env != '\0' ? fs::path(env) : fs::temp_directory_path();
+  const fs::path parent =
+      env != nullptr && *env != '\0' ? fs::path(env) : fs::temp_directory_path();
   top_ = parent / ("tsnap-fetch-" + format::new_save_id());
   if (::mkdir(top_.c_str(), 0700) != 0) detail::throw_sys_error(-errno, "create " + top_.string());
   snapshot_ = top_ / name_;

@@ -124,7 +124,7 @@ uint64_t fill_chunk(const plan::PlannedFile& file, const Sources& sources, uint6
     if (!src.device().is_cpu()) return;
     const auto* base = static_cast<const uint8_t*>(src.data_ptr());
     format::convert(base + p.elem0 * src.element_size(), src.scalar_type(), buf + p.dst,
-            file.tensors[p.tensor].dtype, p.count);
+                    file.tensors[p.tensor].dtype, p.count);
   });
 
   wait_streams();

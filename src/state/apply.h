@@ -79,5 +79,4 @@ void plan_optimizer(torch::optim::Optimizer& optimizer, const torch::nn::Module&
 /// The process's default generators (rng_state.cpp).
 void plan_rng(const StateDict& state, const std::string& prefix, ApplyPlan& plan);
 
-
 }  // namespace tsnap::detail

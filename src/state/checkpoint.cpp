@@ -244,7 +244,8 @@ void check_no_prefix(const LoadOptions& options) {
   if (!options.key_prefix.empty()) {
     throw_error(ErrorCode::kInvalidArgument,
                 "load_checkpoint keeps the objects' prefixes: select an object's keys with "
-                "include = {\"" + options.key_prefix + "*\"} instead of key_prefix");
+                "include = {\"" +
+                    options.key_prefix + "*\"} instead of key_prefix");
   }
 }
 

@@ -11,12 +11,14 @@ namespace {
 
 TEST(TextTable, DisplayWidthCountsWideAndCombiningCharacters) {
   EXPECT_EQ(display_width("fc1.weight"), 10u);
-  EXPECT_EQ(display_width("gewicht.\xc3\xa4"), 9u);             // ä: one column
-  EXPECT_EQ(display_width("\xe6\x9d\x83\xe9\x87\x8d"), 4u);     // 权重: two each
-  EXPECT_EQ(display_width("e\xcc\x81"), 1u);                    // e + combining acute
-  EXPECT_EQ(display_width("\xf0\x9f\x94\xa5"), 2u);             // an emoji
-  EXPECT_EQ(display_width("a\xff" "b"), 3u);                    // an invalid byte: one column
-  EXPECT_EQ(display_width("\xe6\x9d"), 2u);                     // a cut sequence: per byte
+  EXPECT_EQ(display_width("gewicht.\xc3\xa4"), 9u);          // ä: one column
+  EXPECT_EQ(display_width("\xe6\x9d\x83\xe9\x87\x8d"), 4u);  // 权重: two each
+  EXPECT_EQ(display_width("e\xcc\x81"), 1u);                 // e + combining acute
+  EXPECT_EQ(display_width("\xf0\x9f\x94\xa5"), 2u);          // an emoji
+  EXPECT_EQ(display_width("a\xff"
+                          "b"),
+            3u);                             // an invalid byte: one column
+  EXPECT_EQ(display_width("\xe6\x9d"), 2u);  // a cut sequence: per byte
 }
 
 TEST(TextTable, ColumnsAlignOnDisplayWidth) {
@@ -37,7 +39,9 @@ TEST(TextTable, ColumnsAlignOnDisplayWidth) {
 
 TEST(TextTable, ControlCharactersAreEscaped) {
   Table table({"KEY"});
-  table.add_row({"a\nb\x1b[31m\xc2\x9b" "c\x7f\xc3\xa4"});
+  table.add_row(
+      {"a\nb\x1b[31m\xc2\x9b"
+       "c\x7f\xc3\xa4"});
   std::ostringstream out;
   table.print(out);
   EXPECT_EQ(out.str(), "KEY\na\\x0ab\\x1b[31m\\xc2\\x9bc\\x7f\xc3\xa4\n");

@@ -130,7 +130,7 @@ enum Kind {
 constexpr const char* kKindNames[kNumKinds] = {
     "mkdir",       "open",        "write",        "write.done", "fsync",
     "fsync.after", "rename",      "rename.after", "fsync_dir",  "fsync_dir.after",
-    "read",        "remove_tree", "reuse",      "apply"};
+    "read",        "remove_tree", "reuse",        "apply"};
 
 int kind_of(const std::string& name) {
   for (int i = 0; i < kNumKinds; ++i) {

@@ -59,7 +59,8 @@ TEST_F(DistCli, LsShowsTheWorldSize) {
   const ToolRun ls = tsnap_cli("ls " + quoted(root()));
   EXPECT_EQ(ls.status, 0) << ls.output;
   EXPECT_TRUE(has(ls.output, "RANKS")) << ls.output;
-  EXPECT_TRUE(has(ls.output, "12      2  committed")) << ls.output;  // 12 keys (15 records), 2 ranks
+  EXPECT_TRUE(has(ls.output, "12      2  committed"))
+      << ls.output;  // 12 keys (15 records), 2 ranks
   const ToolRun json = tsnap_cli("ls --json " + quoted(root()));
   EXPECT_EQ(nlohmann::json::parse(json.output).at(0).at("world_size"), 2);
 }

@@ -42,8 +42,8 @@ TEST(Layout, SnapshotNames) {
   for (const char* ok : {"a", "step-00000001", "final", "with space"}) {
     EXPECT_NO_THROW(check_snapshot_name(ok)) << ok;
   }
-  const std::vector<std::string> bad_names = {"",    ".",   "..", ".hidden", "a/b",
-                                              std::string(201, 'x'), std::string("a\0b", 3)};
+  const std::vector<std::string> bad_names = {
+      "", ".", "..", ".hidden", "a/b", std::string(201, 'x'), std::string("a\0b", 3)};
   for (const std::string& bad : bad_names) {
     EXPECT_THROW(check_snapshot_name(bad), InvalidArgument) << bad;
   }

@@ -60,7 +60,8 @@ struct Net {
 };
 
 tsnap::Checkpoint checkpoint_of(Net& net, torch::optim::Adam& opt) {
-  return tsnap::Checkpoint::of({{"model", *net.fc}, {"optim", tsnap::bind(opt, *net.fc)},
+  return tsnap::Checkpoint::of({{"model", *net.fc},
+                                {"optim", tsnap::bind(opt, *net.fc)},
                                 {"extra", tsnap::StateDict{{"x", values(10, 10)}}}},
                                {{"epoch", 7}, {"written_by", TORCH_VERSION}});
 }
@@ -123,8 +124,8 @@ int check(const std::filesystem::path& dir) {
   ckpt.apply({{"model", *net.fc}, {"optim", tsnap::bind(opt, *net.fc)}, {"extra", extra}});
   if (ckpt.metadata().value("epoch", 0) != 7) return fail("checkpoint: metadata differs");
   if (!same(extra.at("x"), values(10, 10))) return fail("checkpoint: 'extra/x' differs");
-  const auto& options = static_cast<const torch::optim::AdamOptions&>(
-      opt.param_groups()[0].options());
+  const auto& options =
+      static_cast<const torch::optim::AdamOptions&>(opt.param_groups()[0].options());
   if (options.lr() != 0.01) return fail("checkpoint: Adam's lr was not restored");
   // The restored objects, read back through the writer's API, equal the writer's record.
   const tsnap::StateDict record = tsnap::load(dir / "checkpoint-record");

@@ -33,7 +33,8 @@ std::vector<SnapshotFacts> at(const std::vector<int64_t>& steps) {
 
 TEST(Schedule, ExpiredKeepsLastKAndEveryMth) {
   const Schedule s({.keep_last = 2, .keep_every_steps = 4});
-  EXPECT_EQ(s.expired(at({10, 1, 2, 3, 4, 5, 6, 7, 8, 9})), (std::vector<int64_t>{1, 2, 3, 5, 6, 7}));
+  EXPECT_EQ(s.expired(at({10, 1, 2, 3, 4, 5, 6, 7, 8, 9})),
+            (std::vector<int64_t>{1, 2, 3, 5, 6, 7}));
   EXPECT_TRUE(s.expired(at({3, 7})).empty());
   EXPECT_TRUE(Schedule({.keep_every_steps = 4}).expired(at({1, 2, 3, 5})).empty());  // keep all
   EXPECT_EQ(Schedule({.keep_last = 1}).expired(at({5, 2, 9})), (std::vector<int64_t>{2, 5}));
@@ -92,8 +93,7 @@ TEST(Schedule, KeepRulesCombine) {
   for (size_t i = 0; i < snaps.size(); ++i) snaps[i].metric = static_cast<double>(i % 3);
   // Kept: last 2 (70, 80), multiples of 40 (40, 80), best 1 by min (metric 0: 10, 40, 70 ->
   // the newest of the ties, 70).
-  const Schedule s(
-      {.keep_last = 2, .keep_every_steps = 40, .keep_best = 1, .best_metric = "m"});
+  const Schedule s({.keep_last = 2, .keep_every_steps = 40, .keep_best = 1, .best_metric = "m"});
   EXPECT_EQ(s.expired(snaps), (std::vector<int64_t>{10, 20, 30, 50, 60}));
 }
 

@@ -88,7 +88,8 @@ TEST(StagingPool, FaultInNowMakesEveryPageResidentAndKeepsContents) {
     const size_t pages = pool.buffer_bytes() / page;
     std::vector<unsigned char> resident(pages);
     ASSERT_EQ(::mincore(pool.data(static_cast<int>(i)), pool.buffer_bytes(), resident.data()), 0);
-    for (size_t p = 0; p < pages; ++p) ASSERT_TRUE(resident[p] & 1) << "buffer " << i << " page " << p;
+    for (size_t p = 0; p < pages; ++p)
+      ASSERT_TRUE(resident[p] & 1) << "buffer " << i << " page " << p;
   }
   EXPECT_EQ(pool.data(b)[pool.buffer_bytes() - 1], 0x5a);
   pool.release(b);
