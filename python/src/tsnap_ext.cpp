@@ -13,7 +13,6 @@
 /// callbacks into Python run on the training thread, holding the GIL again for their duration.
 
 #include <torch/csrc/Dtype.h>
-#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/extension.h>
 
 #include <chrono>
@@ -23,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
 #include "tsnap/catalog.h"
@@ -65,7 +65,16 @@ void set_python_error(const tsnap::Error& e) {
     default:
       break;
   }
-  py::object value = py::reinterpret_borrow<py::object>(type)(py::str(e.what()));
+  // The library's messages are valid UTF-8; decoding never raises all the same (an
+  // exception raised here would replace the tsnap.Error the caller catches).
+  const std::string what = e.what();
+  py::object message = py::reinterpret_steal<py::object>(
+      PyUnicode_DecodeUTF8(what.data(), static_cast<Py_ssize_t>(what.size()), "backslashreplace"));
+  if (!message) {
+    PyErr_Clear();
+    message = py::str("tsnap: (an error whose message could not be decoded)");
+  }
+  py::object value = py::reinterpret_borrow<py::object>(type)(message);
   value.attr("code") = tsnap::to_string(e.code());
   value.attr("errno") = e.sys_errno();
   PyErr_SetObject(type, value.ptr());
@@ -375,6 +384,9 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("buffers_reused", &tsnap::SaveStats::buffers_reused)
       .def_readonly("engine", &tsnap::SaveStats::engine)
       .def_readonly("direct", &tsnap::SaveStats::direct)
+      .def_readonly("unchanged_since", &tsnap::SaveStats::unchanged_since)
+      .def_readonly("unchanged_tensors", &tsnap::SaveStats::unchanged_tensors)
+      .def_readonly("stale", &tsnap::SaveStats::stale)
       .def_property_readonly("throughput_gbps", &tsnap::SaveStats::throughput_gbps)
       .def("__repr__", [](const tsnap::SaveStats& s) {
         char line[256];
@@ -425,10 +437,10 @@ PYBIND11_MODULE(_C, m) {
   py::class_<PySnapshotter>(m, "Snapshotter")
       .def(py::init([](const std::string& root, uint64_t staging_budget, uint64_t chunk_bytes,
                        int stage_threads, int io_threads, unsigned queue_depth,
-                       const std::string& engine, bool direct_io, int max_in_flight,
-                       bool fail_fast, bool incremental, bool keep_hot,
-                       const std::string& durable_root, uint64_t drain_bytes_per_second,
-                       int local_keep_last, const py::object& group) {
+                       const std::string& engine, bool direct_io, int max_in_flight, bool fail_fast,
+                       bool incremental, bool keep_hot, const std::string& durable_root,
+                       uint64_t drain_bytes_per_second, int local_keep_last,
+                       const py::object& group) {
              tsnap::SnapshotterOptions options;
              options.root = root;
              options.staging.budget_bytes = staging_budget;
@@ -458,43 +470,51 @@ PYBIND11_MODULE(_C, m) {
            py::arg("incremental"), py::arg("keep_hot"), py::arg("durable_root"),
            py::arg("drain_bytes_per_second"), py::arg("local_keep_last"),
            py::arg("group") = py::none())
-      .def("save_async",
-           [](PySnapshotter& self, const std::string& name,
-              const std::map<std::string, at::Tensor>& tensors, const std::string& metadata,
-              const py::object& dtype, const std::string& staging, bool overwrite, int num_shards,
-              uint64_t chunk_bytes, const py::object& incremental, const Shards& shards) {
-             const tsnap::StateDict state = to_state(tensors, shards);
-             const json meta = to_json(metadata, "metadata");
-             tsnap::SaveOptions options =
-                 save_options(dtype, staging, overwrite, num_shards, chunk_bytes);
-             if (!incremental.is_none()) options.incremental = incremental.cast<bool>();
-             tsnap::Snapshotter& snap = self.get();
-             py::gil_scoped_release release;
-             return snap.save_async(name, state, meta, options);
-           },
-           py::arg("name"), py::arg("tensors"), py::arg("metadata"), py::arg("dtype"),
-           py::arg("staging"), py::arg("overwrite"), py::arg("num_shards"), py::arg("chunk_bytes"),
-           py::arg("incremental"), py::arg("shards") = Shards{})
-      .def("abandon",
-           [](PySnapshotter& self, const std::string& name, const std::string& reason) {
-             tsnap::Snapshotter& snap = self.get();
-             py::gil_scoped_release release;
-             snap.abandon(name, reason);
-           },
-           py::arg("name"), py::arg("reason"))
-      .def("prepare",
-           [](PySnapshotter& self, const std::map<std::string, at::Tensor>& tensors,
-              const py::object& dtype, int num_shards, uint64_t chunk_bytes,
-              const Shards& shards) {
-             const tsnap::StateDict state = to_state(tensors, shards);
-             const tsnap::SaveOptions options =
-                 save_options(dtype, "eager", false, num_shards, chunk_bytes);
-             tsnap::Snapshotter& snap = self.get();
-             py::gil_scoped_release release;
-             snap.prepare(state, options);
-           },
-           py::arg("tensors"), py::arg("dtype"), py::arg("num_shards"), py::arg("chunk_bytes"),
-           py::arg("shards") = Shards{})
+      .def(
+          "save_async",
+          [](PySnapshotter& self, const std::string& name,
+             const std::map<std::string, at::Tensor>& tensors, const std::string& metadata,
+             const py::object& dtype, const std::string& staging, bool overwrite, int num_shards,
+             uint64_t chunk_bytes, const py::object& incremental, const Shards& shards,
+             std::optional<int64_t> step, std::vector<std::string> must_change,
+             bool fail_if_stale) {
+            const tsnap::StateDict state = to_state(tensors, shards);
+            const json meta = to_json(metadata, "metadata");
+            tsnap::SaveOptions options =
+                save_options(dtype, staging, overwrite, num_shards, chunk_bytes);
+            if (!incremental.is_none()) options.incremental = incremental.cast<bool>();
+            options.step = step;
+            options.stale.must_change = std::move(must_change);
+            options.stale.fail = fail_if_stale;
+            tsnap::Snapshotter& snap = self.get();
+            py::gil_scoped_release release;
+            return snap.save_async(name, state, meta, options);
+          },
+          py::arg("name"), py::arg("tensors"), py::arg("metadata"), py::arg("dtype"),
+          py::arg("staging"), py::arg("overwrite"), py::arg("num_shards"), py::arg("chunk_bytes"),
+          py::arg("incremental"), py::arg("shards") = Shards{}, py::arg("step") = py::none(),
+          py::arg("must_change") = std::vector<std::string>{}, py::arg("fail_if_stale") = false)
+      .def(
+          "abandon",
+          [](PySnapshotter& self, const std::string& name, const std::string& reason) {
+            tsnap::Snapshotter& snap = self.get();
+            py::gil_scoped_release release;
+            snap.abandon(name, reason);
+          },
+          py::arg("name"), py::arg("reason"))
+      .def(
+          "prepare",
+          [](PySnapshotter& self, const std::map<std::string, at::Tensor>& tensors,
+             const py::object& dtype, int num_shards, uint64_t chunk_bytes, const Shards& shards) {
+            const tsnap::StateDict state = to_state(tensors, shards);
+            const tsnap::SaveOptions options =
+                save_options(dtype, "eager", false, num_shards, chunk_bytes);
+            tsnap::Snapshotter& snap = self.get();
+            py::gil_scoped_release release;
+            snap.prepare(state, options);
+          },
+          py::arg("tensors"), py::arg("dtype"), py::arg("num_shards"), py::arg("chunk_bytes"),
+          py::arg("shards") = Shards{})
       .def("wait_all",
            [](PySnapshotter& self) {
              tsnap::Snapshotter& snap = self.get();
@@ -538,18 +558,19 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("staging_budget",
                              [](PySnapshotter& self) { return self.get().staging_budget_bytes(); });
 
-  m.def("save",
-        [](const std::string& path, const std::map<std::string, at::Tensor>& tensors,
-           const std::string& metadata, const py::object& dtype, bool overwrite, int num_shards,
-           const Shards& shards) {
-          const tsnap::StateDict state = to_state(tensors, shards);
-          const json meta = to_json(metadata, "metadata");
-          const tsnap::SaveOptions options = save_options(dtype, "eager", overwrite, num_shards, 0);
-          py::gil_scoped_release release;
-          return tsnap::save(path, state, meta, options);
-        },
-        py::arg("path"), py::arg("tensors"), py::arg("metadata"), py::arg("dtype"),
-        py::arg("overwrite"), py::arg("num_shards"), py::arg("shards") = Shards{});
+  m.def(
+      "save",
+      [](const std::string& path, const std::map<std::string, at::Tensor>& tensors,
+         const std::string& metadata, const py::object& dtype, bool overwrite, int num_shards,
+         const Shards& shards) {
+        const tsnap::StateDict state = to_state(tensors, shards);
+        const json meta = to_json(metadata, "metadata");
+        const tsnap::SaveOptions options = save_options(dtype, "eager", overwrite, num_shards, 0);
+        py::gil_scoped_release release;
+        return tsnap::save(path, state, meta, options);
+      },
+      py::arg("path"), py::arg("tensors"), py::arg("metadata"), py::arg("dtype"),
+      py::arg("overwrite"), py::arg("num_shards"), py::arg("shards") = Shards{});
 
   m.def("load", [](const std::string& path, std::vector<std::string> include,
                    std::vector<std::string> exclude, bool verify, const std::string& key_prefix,
@@ -564,31 +585,33 @@ PYBIND11_MODULE(_C, m) {
     return to_dict(state);
   });
 
-  m.def("load_into", [](const std::string& path, const std::map<std::string, at::Tensor>& dest,
-                        std::vector<std::string> include, std::vector<std::string> exclude,
-                        bool verify, const std::string& key_prefix, bool allow_unmatched,
-                        bool require_every_key, bool atomic, const Shards& shards) {
-    tsnap::LoadOptions options =
-        load_options(std::move(include), std::move(exclude), verify, key_prefix, allow_unmatched);
-    options.require_every_key = require_every_key;
-    options.atomic = atomic;
-    tsnap::StateDict state = to_state(dest, shards);
-    tsnap::LoadReport report;
-    {
-      py::gil_scoped_release release;
-      report = tsnap::load_into(path, state, options);
-    }
-    py::dict out;
-    out["loaded"] = report.loaded;
-    out["not_in_destination"] = report.not_in_destination;
-    out["bytes_read"] = report.bytes_read;
-    out["engine"] = report.engine;
-    out["seconds"] = report.seconds;
-    return out;
-  },
-  py::arg("path"), py::arg("dest"), py::arg("include"), py::arg("exclude"), py::arg("verify"),
-  py::arg("key_prefix"), py::arg("allow_unmatched"), py::arg("require_every_key"),
-  py::arg("atomic"), py::arg("shards") = Shards{});
+  m.def(
+      "load_into",
+      [](const std::string& path, const std::map<std::string, at::Tensor>& dest,
+         std::vector<std::string> include, std::vector<std::string> exclude, bool verify,
+         const std::string& key_prefix, bool allow_unmatched, bool require_every_key, bool atomic,
+         const Shards& shards) {
+        tsnap::LoadOptions options = load_options(std::move(include), std::move(exclude), verify,
+                                                  key_prefix, allow_unmatched);
+        options.require_every_key = require_every_key;
+        options.atomic = atomic;
+        tsnap::StateDict state = to_state(dest, shards);
+        tsnap::LoadReport report;
+        {
+          py::gil_scoped_release release;
+          report = tsnap::load_into(path, state, options);
+        }
+        py::dict out;
+        out["loaded"] = report.loaded;
+        out["not_in_destination"] = report.not_in_destination;
+        out["bytes_read"] = report.bytes_read;
+        out["engine"] = report.engine;
+        out["seconds"] = report.seconds;
+        return out;
+      },
+      py::arg("path"), py::arg("dest"), py::arg("include"), py::arg("exclude"), py::arg("verify"),
+      py::arg("key_prefix"), py::arg("allow_unmatched"), py::arg("require_every_key"),
+      py::arg("atomic"), py::arg("shards") = Shards{});
 
   m.def("metadata", [](const std::string& path) {
     json metadata;
@@ -641,42 +664,53 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("bytes", &tsnap::PeriodicStats::bytes);
 
   py::class_<PyPeriodic>(m, "PeriodicSnapshots")
-      .def(py::init([](PySnapshotter& snapshotter, py::object make_state, int64_t every_steps,
-                       double every_seconds, std::vector<int> on_signals, int keep_last,
-                       int64_t keep_every_steps, const py::object& dtype,
-                       const std::string& staging, bool wait_when_busy, bool log,
-                       const std::string& policies_text) {
-             tsnap::ScheduleOptions schedule;
-             schedule.every_steps = every_steps;
-             schedule.every_seconds = every_seconds;
-             schedule.on_signals = std::move(on_signals);
-             schedule.keep_last = keep_last;
-             schedule.keep_every_steps = keep_every_steps;
-             // The policies beyond those (ScheduleOptions' names), as a JSON object.
-             const json policies = to_json(policies_text, "policies");
-             schedule.at_steps = policies.value("at_steps", std::vector<int64_t>{});
-             schedule.continuous = policies.value("continuous", false);
-             schedule.min_interval_seconds = policies.value("min_interval_seconds", 0.0);
-             schedule.max_overhead = policies.value("max_overhead", 0.0);
-             schedule.keep_every_seconds = policies.value("keep_every_seconds", 0.0);
-             schedule.keep_best = policies.value("keep_best", 0);
-             schedule.best_metric = policies.value("best_metric", std::string());
-             const std::string mode = policies.value("best_mode", std::string("min"));
-             if (mode != "min" && mode != "max") {
-               tsnap::throw_error(tsnap::ErrorCode::kInvalidArgument,
-                                  "best_mode must be 'min' or 'max', not '" + mode + "'");
-             }
-             schedule.best_mode = mode == "max" ? tsnap::ScheduleOptions::Mode::kMax
-                                                : tsnap::ScheduleOptions::Mode::kMin;
-             schedule.keep_without_metric = policies.value("keep_without_metric", true);
-             tsnap::PeriodicOptions options;
-             options.save = save_options(dtype, staging, true, 0, 0);
-             options.when_busy = wait_when_busy ? tsnap::WhenBusy::kWait : tsnap::WhenBusy::kSkip;
-             if (!log) options.log = nullptr;
-             return std::make_unique<PyPeriodic>(snapshotter, std::move(make_state),
-                                                 std::move(schedule), std::move(options));
-           }),
-           py::keep_alive<1, 2>())
+      .def(
+          py::init([](PySnapshotter& snapshotter, py::object make_state, int64_t every_steps,
+                      double every_seconds, std::vector<int> on_signals, int keep_last,
+                      int64_t keep_every_steps, const py::object& dtype, const std::string& staging,
+                      bool wait_when_busy, bool log, std::vector<int64_t> at_steps, bool continuous,
+                      double min_interval_seconds, double max_overhead, double keep_every_seconds,
+                      int keep_best, std::string best_metric, const std::string& best_mode,
+                      bool keep_without_metric, bool stale_check,
+                      std::vector<std::string> must_change, bool fail_if_stale) {
+            tsnap::ScheduleOptions schedule;
+            schedule.every_steps = every_steps;
+            schedule.every_seconds = every_seconds;
+            schedule.on_signals = std::move(on_signals);
+            schedule.keep_last = keep_last;
+            schedule.keep_every_steps = keep_every_steps;
+            schedule.at_steps = std::move(at_steps);
+            schedule.continuous = continuous;
+            schedule.min_interval_seconds = min_interval_seconds;
+            schedule.max_overhead = max_overhead;
+            schedule.keep_every_seconds = keep_every_seconds;
+            schedule.keep_best = keep_best;
+            schedule.best_metric = std::move(best_metric);
+            if (best_mode != "min" && best_mode != "max") {
+              tsnap::throw_error(tsnap::ErrorCode::kInvalidArgument,
+                                 "best_mode must be 'min' or 'max', not '" + best_mode + "'");
+            }
+            schedule.best_mode = best_mode == "max" ? tsnap::ScheduleOptions::Mode::kMax
+                                                    : tsnap::ScheduleOptions::Mode::kMin;
+            schedule.keep_without_metric = keep_without_metric;
+            tsnap::PeriodicOptions options;
+            options.save = save_options(dtype, staging, true, 0, 0);
+            options.when_busy = wait_when_busy ? tsnap::WhenBusy::kWait : tsnap::WhenBusy::kSkip;
+            options.stale_check = stale_check;
+            options.save.stale.must_change = std::move(must_change);
+            options.save.stale.fail = fail_if_stale;
+            if (!log) options.log = nullptr;
+            return std::make_unique<PyPeriodic>(snapshotter, std::move(make_state),
+                                                std::move(schedule), std::move(options));
+          }),
+          py::arg("snapshotter"), py::arg("make_state"), py::arg("every_steps"),
+          py::arg("every_seconds"), py::arg("on_signals"), py::arg("keep_last"),
+          py::arg("keep_every_steps"), py::arg("dtype"), py::arg("staging"),
+          py::arg("wait_when_busy"), py::arg("log"), py::arg("at_steps"), py::arg("continuous"),
+          py::arg("min_interval_seconds"), py::arg("max_overhead"), py::arg("keep_every_seconds"),
+          py::arg("keep_best"), py::arg("best_metric"), py::arg("best_mode"),
+          py::arg("keep_without_metric"), py::arg("stale_check"), py::arg("must_change"),
+          py::arg("fail_if_stale"), py::keep_alive<1, 2>())
       .def("resume", &PyPeriodic::resume)
       .def("after_step", &PyPeriodic::after_step)
       .def("before_optimizer_step", &PyPeriodic::before_optimizer_step)

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from tsnap import _bench_cuda
+from tsnap.bench import _cuda as bench_cuda
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[
     pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")])]
@@ -28,7 +28,7 @@ def test_without_a_gpu_it_says_so_and_exits_cleanly(tmp_path):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_measures_every_row_and_cleans_up(tmp_path, device):
-    r = _bench_cuda.run(scale=0.002, repeat=2, workdir=str(tmp_path), device=device, loop_mb=4,
+    r = bench_cuda.run(scale=0.002, repeat=2, workdir=str(tmp_path), device=device, loop_mb=4,
                         loop_batch=8, pairs=2, block=2)
     assert r["bytes"] > 1e6 and r["bytes_bf16"] < r["bytes"]
     for key in ("stall", "durable", "stall_bf16", "durable_bf16", "floor", "floor_bf16",
@@ -37,7 +37,7 @@ def test_measures_every_row_and_cleans_up(tmp_path, device):
     assert r["stall"] < r["durable"] and r["engine"] and r["load_engine"]
     assert [loop["staging"] for loop in r["loop"]] == ["eager", "lazy"]
     assert all(loop["device"].startswith(device) for loop in r["loop"])
-    text = _bench_cuda.table(r)
+    text = bench_cuda.table(r)
     assert "stall, fp32 (target <= 1.1x)" in text and "load_into GPU tensors" in text
     assert text.count("overhead of one snapshot per block") == 2
     assert os.listdir(tmp_path) == []  # the working directory is gone
@@ -45,11 +45,11 @@ def test_measures_every_row_and_cleans_up(tmp_path, device):
 
 def test_pinned_floor_copies_the_bytes():
     tensors = [torch.randn(100), torch.arange(7), torch.randn(3, 5).t()]
-    floor = _bench_cuda.Pinned(tensors)
+    floor = bench_cuda.Pinned(tensors)
     assert floor.down() >= 0
     for v, t in zip(floor.views, tensors):
         assert torch.equal(v, t)
-    half = _bench_cuda.Pinned(tensors, torch.bfloat16)
+    half = bench_cuda.Pinned(tensors, torch.bfloat16)
     half.down()
     assert torch.equal(half.views[0], tensors[0].to(torch.bfloat16))
     assert half.views[1].dtype == torch.int64 and torch.equal(half.views[1], tensors[1])

@@ -332,6 +332,15 @@ def test_reads_a_snapshot_written_by_tsnap(tmp_path):
     assert bits_equal(dest["w"], w) and bits_equal(dest["n"], n)
 
 
+def test_reads_a_nested_snapshot_written_by_tsnap_under_dcps_dotted_names(tmp_path):
+    # tsnap stores {"extra": {"uneven": u}} as "extra/uneven"; DCP flattens it to "extra.uneven".
+    u, w = torch.randn(5, 3), torch.randn(4)
+    tsnap.save(tmp_path / "s", {"extra": {"uneven": u}, "model": {"fc1.weight": w}})
+    dest = {"extra": {"uneven": torch.zeros(5, 3)}, "model": {"fc1.weight": torch.zeros(4)}}
+    dcp.load(dest, storage_reader=tsnap.dcp.StorageReader(tmp_path / "s"))
+    assert bits_equal(dest["extra"]["uneven"], u) and bits_equal(dest["model"]["fc1.weight"], w)
+
+
 def test_cli_accepts_the_snapshot(tmp_path):
     cli = os.path.join(REPO, "build", "tsnap")
     if not os.access(cli, os.X_OK):

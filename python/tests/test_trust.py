@@ -99,11 +99,12 @@ def test_dtype_rules_refine_the_dtype_per_key(tmp_path):
 
 
 def _rewrite_tree(path, tree):
-    """Replaces the structure record and drops the manifest's checksum (as a tool that edits
-    manifests without knowing it would), so that only the record's own checks can object."""
+    """Replaces the structure record and drops the manifest's checksum, writing it as a
+    version-2 manifest (which may lack one), so that only the record's own checks can object."""
     text = (path / "MANIFEST.json").read_text()
     m = json.loads(text)
     m.pop("checksum", None)
+    m["format_version"] = 2
     m["metadata"]["tsnap_python"] = tree
     (path / "MANIFEST.json").write_text(json.dumps(m))
 

@@ -306,7 +306,8 @@ def test_periodic_hook_resume_and_retention(tmp_path):
     assert all(s["committed"] for s in stats.snapshots)
     assert tsnap.latest(tmp_path).endswith("step-00000006")
     assert tsnap.metadata(tsnap.latest(tmp_path))["step"] == 6
-    model, stats, hook = run(10, seed=5)  # another init, all overwritten: resumes at 6, saves at 9; retention keeps 6 and 9
+    # Another init, all overwritten: resumes at 6, saves at 9; retention keeps 6 and 9.
+    model, stats, hook = run(10, seed=5)
     assert hook.resumed_metadata["run"] == "a"
     assert [s["step"] for s in stats.snapshots] == [9]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-00000006", "step-00000009"]
@@ -351,6 +352,42 @@ def test_periodic_hook_stops_on_signal(tmp_path):
         hook.close()
     saved = tsnap.load(tsnap.latest(tmp_path))
     assert torch.equal(saved["w"], torch.full((8,), float(step)))
+
+
+def test_errors_raised_in_python_carry_code_and_errno(tmp_path):
+    # Raised by the package's Python code, not the engine: the same attributes all the same.
+    with pytest.raises(tsnap.InvalidArgument) as e:
+        tsnap.PeriodicSnapshots(tmp_path, lambda: {}, when_busy="later")
+    assert e.value.code == "invalid_argument" and e.value.errno == 0
+    assert isinstance(e.value, ValueError)
+    with pytest.raises(tsnap.InvalidArgument, match="timeout") as e:
+        tsnap.DistGroup(object(), 0, 1, timeout=0)
+    assert e.value.code == "invalid_argument" and e.value.errno == 0
+    with pytest.raises(tsnap.FormatError) as e:
+        tsnap._tree.unflatten({"x": 1}, {})
+    assert e.value.code == "bad_manifest" and e.value.errno == 0
+    # The class follows from the code, as in C++ (tsnap::error_class).
+    for code, cls in (("key_not_found", tsnap.InvalidArgument), ("not_found", tsnap.IoError),
+                      ("hash_mismatch", tsnap.FormatError), ("peer_failed", tsnap.Error)):
+        err = tsnap._errors.error(code, "tsnap: x")
+        assert type(err) is cls and err.code == code and err.errno == 0
+
+
+def test_when_busy_names_follow_the_cpp_policies(tmp_path):
+    # InFlightPolicy::kWait / kFailFast; WhenBusy::kSkip / kWait.
+    tsnap.Snapshotter(tmp_path / "a", when_busy="wait").close()
+    tsnap.Snapshotter(tmp_path / "b", when_busy="fail_fast").close()
+    with pytest.warns(DeprecationWarning, match="fail_fast"):
+        tsnap.Snapshotter(tmp_path / "c", when_busy="fail").close()
+    with pytest.raises(tsnap.InvalidArgument) as e:
+        tsnap.Snapshotter(tmp_path / "d", when_busy="skip")
+    assert e.value.code == "invalid_argument"
+    with tsnap.Snapshotter(tmp_path / "e") as snap:
+        for when_busy in ("skip", "wait"):
+            tsnap.PeriodicSnapshots(snap, lambda: {"w": torch.zeros(1)}, every_steps=1,
+                                    when_busy=when_busy, log=False).close()
+        with pytest.raises(tsnap.InvalidArgument):
+            tsnap.PeriodicSnapshots(snap, lambda: {"w": torch.zeros(1)}, when_busy="fail_fast")
 
 
 def test_torch_version_mismatch_is_an_import_error():
@@ -404,7 +441,8 @@ def test_hot_restore_from_memory(tmp_path):
         state = fine_tuning(4)
         snap.save_async("s4", state).wait()
         assert_same(snap.load_hot(), fine_tuning(4))
-        assert set(snap.load_hot(include="backbone/*")["backbone"]) == {f"layer{i}" for i in range(6)}
+        hot = snap.load_hot(include="backbone/*")
+        assert set(hot["backbone"]) == {f"layer{i}" for i in range(6)}
     with tsnap.Snapshotter(tmp_path / "off") as snap:
         snap.save_async("s", fine_tuning(1)).wait()
         assert snap.load_hot() is None

@@ -14,6 +14,8 @@ tensors plus its structure in the manifest, and loaded back as the same structur
 blocking call releases the GIL; a background error is raised by ``SaveHandle.wait()``.
 """
 
+from __future__ import annotations
+
 import torch
 
 from . import _build_info
@@ -23,12 +25,12 @@ if torch.__version__ != _build_info.TORCH_VERSION:
         f"tsnap was built against torch {_build_info.TORCH_VERSION} but torch "
         f"{torch.__version__} is installed: reinstall tsnap (pip install --no-build-isolation .)")
 
-from . import _C  # noqa: E402  (after the version check: a mismatched module may not load)
-from ._api import (  # noqa: E402
-    SaveHandle, Snapshotter, latest, load, load_into, metadata, save, verify)
-from ._optim import load_optimizer_state_dict, optimizer_state_dict  # noqa: E402
-from .periodic import PeriodicSnapshots  # noqa: E402
-from ._dist import DistGroup  # noqa: E402
+# After the version check: a mismatched module may not load (E402 is off for this file).
+from . import _C
+from ._api import SaveHandle, Snapshotter, latest, load, load_into, metadata, save, verify
+from ._dist import DistGroup
+from ._optim import load_optimizer_state_dict, optimizer_state_dict
+from .periodic import PeriodicSnapshots
 
 Error = _C.Error
 IoError = _C.IoError
@@ -36,9 +38,9 @@ FormatError = _C.FormatError
 InvalidArgument = _C.InvalidArgument
 SaveStats = _C.SaveStats
 
-__version__ = _build_info.TSNAP_VERSION
+__version__: str = _build_info.TSNAP_VERSION
 __all__ = [
     "DistGroup", "Error", "FormatError", "InvalidArgument", "IoError", "PeriodicSnapshots",
-    "SaveHandle", "SaveStats", "Snapshotter", "latest", "load", "load_into", "load_optimizer_state_dict",
-    "metadata", "optimizer_state_dict", "save", "verify",
+    "SaveHandle", "SaveStats", "Snapshotter", "latest", "load", "load_into",
+    "load_optimizer_state_dict", "metadata", "optimizer_state_dict", "save", "verify",
 ]

@@ -1,20 +1,39 @@
 """The Python API over tsnap._C: Snapshotter, SaveHandle, save, load, load_into, latest, verify."""
 
+from __future__ import annotations
+
 import json
 import os
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal, Optional, Union
+
+import torch
 
 from . import _C, _dist
-from ._tree import TREE_KEY, flatten, unflatten
+from ._errors import error
+from ._tree import TREE_KEY, State, Tensors, flatten, unflatten
+
+# A path as os.fspath takes it.
+PathArg = Union[str, bytes, os.PathLike[str], os.PathLike[bytes]]
+# Glob patterns on flat keys: one, several, or None for all.
+Patterns = Optional[Union[str, Sequence[str]]]
+DtypeRules = Optional[Mapping[str, Optional[torch.dtype]]]
+Staging = Literal["eager", "lazy"]
+Engine = Literal["auto", "io_uring", "pwrite"]
+# The C++ InFlightPolicy: kWait, kFailFast ('fail': the deprecated spelling of 'fail_fast').
+InFlight = Literal["wait", "fail_fast"]
 
 # The metadata key of the C++ checkpoint's own record (tsnap::kCheckpointInfoKey).
 _CHECKPOINT_INFO_KEY = "tsnap"
 
 
-def _fspath(path):
+def _fspath(path: PathArg) -> str:
     return os.fsdecode(os.fspath(path))
 
 
-def _saved_metadata(state, metadata):
+def _saved_metadata(state: State,
+                    metadata: Mapping[str, Any] | None) -> tuple[Tensors, str]:
     """The flat tensors of ``state`` and the manifest metadata: the user's plus the structure."""
     tensors, tree = flatten(state)
     meta = {} if metadata is None else dict(metadata)
@@ -29,17 +48,29 @@ def _saved_metadata(state, metadata):
     return tensors, text
 
 
-def _dtype_arg(dtype, dtype_rules):
+def _dtype_arg(dtype: torch.dtype | None, dtype_rules: DtypeRules) -> _C.DtypeArg:
     """``dtype`` with its per-key rules, as the binding takes them."""
     if not dtype_rules:
         return dtype
-    if not isinstance(dtype_rules, dict):
+    if not isinstance(dtype_rules, Mapping):
         raise TypeError("tsnap: dtype_rules must be a dict of glob pattern -> torch.dtype or None, "
                         f"not {type(dtype_rules).__name__}")
     return (dtype, [(str(k), v) for k, v in dtype_rules.items()])
 
 
-def _user_metadata(meta):
+def _in_flight(when_busy: str) -> bool:
+    """Whether ``when_busy`` (a Snapshotter's) fails fast; 'fail' is the deprecated spelling."""
+    if when_busy == "fail":
+        warnings.warn("tsnap: when_busy='fail' is deprecated, use 'fail_fast'",
+                      DeprecationWarning, stacklevel=3)
+        return True
+    if when_busy not in ("wait", "fail_fast"):
+        raise error("invalid_argument",
+                    f"tsnap: when_busy must be 'wait' or 'fail_fast', not {when_busy!r}")
+    return when_busy == "fail_fast"
+
+
+def _user_metadata(meta: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in meta.items() if k not in (TREE_KEY, _CHECKPOINT_INFO_KEY)}
 
 
@@ -55,34 +86,34 @@ class SaveHandle:
 
     __slots__ = ("_h",)
 
-    def __init__(self, handle):
+    def __init__(self, handle: _C.SaveHandle) -> None:
         self._h = handle
 
-    def wait(self, timeout=None):
+    def wait(self, timeout: float | None = None) -> bool:
         """Waits until committed; with ``timeout`` (seconds), at most that long.
 
         Returns True when the save completed, False on timeout; raises its error.
         """
         return self._h.wait(-1.0 if timeout is None else max(0.0, float(timeout)))
 
-    def done(self):
+    def done(self) -> bool:
         """True once committed or failed."""
         return self._h.done()
 
-    def wait_staged(self):
+    def wait_staged(self) -> None:
         """Blocks until every tensor is staged (lazy staging); raises a staging error."""
         self._h.wait_staged()
 
     @property
-    def stats(self):
+    def stats(self) -> _C.SaveStats:
         """A ``tsnap.SaveStats`` (stall_s, stage_s, write_s, commit_s, total_s, bytes, ...)."""
         return self._h.stats
 
     @property
-    def path(self):
+    def path(self) -> str:
         return self._h.path
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<tsnap.SaveHandle {self.path} {'done' if self.done() else 'in flight'}>"
 
 
@@ -101,7 +132,8 @@ class Snapshotter:
     ``tier.*``): ``chunk_bytes`` (multiple of 4096),
     ``stage_threads`` (0 = every core for eager staging, half for lazy), ``io_threads``,
     ``queue_depth``, ``engine`` ('auto', 'io_uring', 'pwrite'), ``direct_io``,
-    ``max_in_flight`` (saves writing at once), ``when_busy`` ('wait': a save beyond max_in_flight waits; 'fail': raises tsnap.Error busy),
+    ``max_in_flight`` (saves writing at once), ``when_busy`` (``InFlightPolicy``: 'wait', a save
+    beyond max_in_flight waits; 'fail_fast', it raises tsnap.Error, code 'busy'),
     ``incremental`` (write only the chunks that differ from the previous snapshot; unchanged
     shard files become hard links), ``keep_hot`` (keep the last snapshot's bytes in memory for
     ``load_hot()``), ``durable_root`` (a second, slower directory that a background drain copies
@@ -115,24 +147,30 @@ class Snapshotter:
     with the same outcome.
     """
 
-    def __init__(self, root, staging_budget=0, *, chunk_bytes=16 << 20, stage_threads=0,
-                 io_threads=4, queue_depth=32, engine="auto", direct_io=True, max_in_flight=2,
-                 when_busy="wait", incremental=False, keep_hot=False, durable_root=None,
-                 drain_bytes_per_second=0, local_keep_last=2, group=None):
-        if when_busy not in ("wait", "fail"):
-            raise ValueError(f"tsnap: when_busy must be 'wait' or 'fail', not {when_busy!r}")
-        self._s = _C.Snapshotter(_fspath(root), int(staging_budget), int(chunk_bytes),
-                                 int(stage_threads), int(io_threads), int(queue_depth), engine,
-                                 bool(direct_io), int(max_in_flight), when_busy == "fail",
-                                 bool(incremental), bool(keep_hot),
-                                 _fspath(durable_root) if durable_root is not None else "",
-                                 int(drain_bytes_per_second), int(local_keep_last),
-                                 _group_of(group))
+    def __init__(self, root: PathArg, staging_budget: int = 0, *, chunk_bytes: int = 16 << 20,
+                 stage_threads: int = 0, io_threads: int = 4, queue_depth: int = 32,
+                 engine: Engine = "auto", direct_io: bool = True, max_in_flight: int = 2,
+                 when_busy: InFlight = "wait", incremental: bool = False, keep_hot: bool = False,
+                 durable_root: PathArg | None = None, drain_bytes_per_second: int = 0,
+                 local_keep_last: int = 2, group: _dist.DistGroup | None = None) -> None:
+        fail_fast = _in_flight(when_busy)
+        self._s = _C.Snapshotter(
+            root=_fspath(root), staging_budget=int(staging_budget), chunk_bytes=int(chunk_bytes),
+            stage_threads=int(stage_threads), io_threads=int(io_threads),
+            queue_depth=int(queue_depth), engine=engine, direct_io=bool(direct_io),
+            max_in_flight=int(max_in_flight), fail_fast=fail_fast, incremental=bool(incremental),
+            keep_hot=bool(keep_hot),
+            durable_root=_fspath(durable_root) if durable_root is not None else "",
+            drain_bytes_per_second=int(drain_bytes_per_second),
+            local_keep_last=int(local_keep_last), group=_group_of(group))
         self._group = group
 
-    def save_async(self, name, state, metadata=None, dtype=None, staging="eager", *,
-                   overwrite=False, num_shards=0, chunk_bytes=0, incremental=None,
-                   dtype_rules=None):
+    def save_async(self, name: str, state: State, metadata: Mapping[str, Any] | None = None,
+                   dtype: torch.dtype | None = None, staging: Staging = "eager", *,
+                   overwrite: bool = False, num_shards: int = 0, chunk_bytes: int = 0,
+                   incremental: bool | None = None, dtype_rules: DtypeRules = None,
+                   step: int | None = None, must_change: Iterable[str] = (),
+                   fail_if_stale: bool = False) -> SaveHandle:
         """Starts saving ``state`` (a dict, possibly nested) as ``<root>/<name>``.
 
         Returns a SaveHandle once every tensor is copied into staging buffers (``staging=
@@ -145,17 +183,25 @@ class Snapshotter:
         torch.float32}`` keeps Adam's second moments in fp32 (keys as saved, e.g.
         ``optim/state/0/exp_avg_sq``; None keeps a key's dtype). ``metadata`` is a JSON-able dict
         stored in the manifest. ``incremental`` (None: the Snapshotter's) overrides the
-        Snapshotter's default for this save. Raises tsnap.Error for a bad name, an existing
-        snapshot (unless ``overwrite``), or a save of the same name still in flight.
+        Snapshotter's default for this save. ``step`` (an int) is recorded in the manifest;
+        every save counts the tensors identical to the previous snapshot of this Snapshotter
+        (``handle.stats.unchanged_tensors``), and with ``must_change`` (globs, e.g.
+        ``["*/exp_avg", "*/exp_avg_sq"]``) those of them that should have changed while the
+        step advanced are listed in ``stats.stale`` (``fail_if_stale``: the save fails with
+        tsnap.Error, code 'stale', and nothing is committed). Raises tsnap.Error for a bad
+        name, an existing snapshot (unless ``overwrite``), or a save of the same name still in
+        flight.
         """
         tensors, meta = _saved_metadata(state, metadata)
         tensors, shards = _dist.to_pieces(tensors, self._group)
-        return SaveHandle(self._s.save_async(name, tensors, meta,
-                                             _dtype_arg(dtype, dtype_rules), staging,
-                                             bool(overwrite), int(num_shards), int(chunk_bytes),
-                                             incremental, shards))
+        return SaveHandle(self._s.save_async(
+            name=name, tensors=tensors, metadata=meta, dtype=_dtype_arg(dtype, dtype_rules),
+            staging=staging, overwrite=bool(overwrite), num_shards=int(num_shards),
+            chunk_bytes=int(chunk_bytes), incremental=incremental, shards=shards,
+            step=None if step is None else int(step), must_change=[str(p) for p in must_change],
+            fail_if_stale=bool(fail_if_stale)))
 
-    def abandon(self, name, reason):
+    def abandon(self, name: str, reason: str) -> None:
         """With a group: tells the other ranks this rank will not take part in its next save
         of ``name`` (building its state failed, say), so theirs fail at once with tsnap.Error
         (peer_failed) naming this rank and ``reason``, not after the group's timeout. Call it
@@ -163,7 +209,8 @@ class Snapshotter:
         nothing."""
         self._s.abandon(str(name), str(reason))
 
-    def prepare(self, state, dtype=None, *, num_shards=0, chunk_bytes=0, dtype_rules=None):
+    def prepare(self, state: State, dtype: torch.dtype | None = None, *, num_shards: int = 0,
+                chunk_bytes: int = 0, dtype_rules: DtypeRules = None) -> None:
         """Sizes the staging buffers for saves of ``state`` (as its first save would, with the
         automatic ``staging_budget``) and faults them in now, on every core, so that the first
         ``save_async`` stalls no longer than the later ones. Call it once, with the state complete
@@ -175,7 +222,8 @@ class Snapshotter:
         self._s.prepare(tensors, _dtype_arg(dtype, dtype_rules), int(num_shards),
                         int(chunk_bytes), shards)
 
-    def load_hot(self, include=None, exclude=None, *, flat=False):
+    def load_hot(self, include: Patterns = None, exclude: Patterns = None, *,
+                 flat: bool = False) -> State | None:
         """The last committed snapshot from memory (``keep_hot=True``), as ``load`` returns it
         (every chunk verified against its hash), or None when none is in memory (keep_hot off,
         nothing saved yet, or evicted by a later save that needed the buffers)."""
@@ -188,51 +236,52 @@ class Snapshotter:
             return tensors
         return unflatten(meta[TREE_KEY], tensors, complete=include is None and exclude is None)
 
-    def drain_wait(self):
+    def drain_wait(self) -> None:
         """With ``durable_root``: waits until every committed snapshot is in the durable tier;
         raises the first drain failure not raised yet."""
         self._s.drain_wait()
 
-    def wait_all(self):
+    def wait_all(self) -> None:
         """Waits for every save in flight (each handle keeps its own error)."""
         self._s.wait_all()
 
-    def close(self):
+    def close(self) -> None:
         """Waits for the saves in flight and frees the buffers and threads."""
         self._s.close()
 
     @property
-    def root(self):
+    def root(self) -> str:
         return self._s.root
 
     @property
-    def group(self):
+    def group(self) -> _dist.DistGroup | None:
         """The DistGroup of a distributed Snapshotter, else None."""
         return self._group
 
     @property
-    def engine(self):
+    def engine(self) -> str:
         """The write engine in use, e.g. 'io_uring+O_DIRECT'."""
         return self._s.engine
 
     @property
-    def staging_budget(self):
+    def staging_budget(self) -> int:
         """The staging budget in bytes (0 before the first save when automatic)."""
         return self._s.staging_budget
 
-    def latest(self):
+    def latest(self) -> str | None:
         """The newest committed snapshot under the root (and the durable root), or None."""
         return self._s.latest()
 
-    def __enter__(self):
+    def __enter__(self) -> Snapshotter:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
-def save(path, state, metadata=None, dtype=None, *, overwrite=False, num_shards=0,
-         dtype_rules=None):
+def save(path: PathArg, state: State, metadata: Mapping[str, Any] | None = None,
+         dtype: torch.dtype | None = None, *, overwrite: bool = False, num_shards: int = 0,
+         dtype_rules: DtypeRules = None) -> _C.SaveStats:
     """Saves ``state`` to the snapshot directory ``path`` and returns once it is committed.
 
     Returns its SaveStats. Arguments as ``Snapshotter.save_async``.
@@ -243,7 +292,7 @@ def save(path, state, metadata=None, dtype=None, *, overwrite=False, num_shards=
                    int(num_shards), shards)
 
 
-def _group_of(group):
+def _group_of(group: _dist.DistGroup | None) -> _C.DistGroup | None:
     if group is None:
         return None
     if not isinstance(group, _dist.DistGroup):
@@ -251,13 +300,14 @@ def _group_of(group):
     return group._g
 
 
-def _patterns(patterns):
+def _patterns(patterns: Patterns) -> list[str]:
     if patterns is None:
         return []
     return [patterns] if isinstance(patterns, str) else list(patterns)
 
 
-def load(path, include=None, exclude=None, *, verify=True, flat=False, allow_unmatched=False):
+def load(path: PathArg, include: Patterns = None, exclude: Patterns = None, *,
+         verify: bool = True, flat: bool = False, allow_unmatched: bool = False) -> State:
     """Loads a snapshot into new CPU tensors (stored dtype, bit-identical to what was saved).
 
     Returns the state in the structure it was saved with (``flat=True``, or a snapshot written
@@ -276,8 +326,9 @@ def load(path, include=None, exclude=None, *, verify=True, flat=False, allow_unm
     return unflatten(meta[TREE_KEY], tensors, complete=include is None and exclude is None)
 
 
-def load_into(path, state, include=None, exclude=None, *, strict=False, verify=True,
-              atomic=False, allow_unmatched=False):
+def load_into(path: PathArg, state: State, include: Patterns = None, exclude: Patterns = None,
+              *, strict: bool = False, verify: bool = True, atomic: bool = False,
+              allow_unmatched: bool = False) -> dict[str, Any]:
     """Loads a snapshot into the existing tensors of ``state``, in place.
 
     ``state`` is nested like the saved one (``{"model": model.state_dict()}``), or is a part of
@@ -305,18 +356,18 @@ def load_into(path, state, include=None, exclude=None, *, strict=False, verify=T
     return report
 
 
-def metadata(path):
+def metadata(path: PathArg) -> dict[str, Any]:
     """The user metadata a snapshot was saved with (a dict; the periodic hook adds "step")."""
     return _user_metadata(json.loads(_C.metadata(_fspath(path))))
 
 
-def latest(root):
+def latest(root: PathArg) -> str | None:
     """The newest committed snapshot under ``root`` (highest "step" metadata, then newest), or
     None; temporaries and snapshots without a valid manifest are skipped."""
     return _C.latest(_fspath(root))
 
 
-def verify(path):
+def verify(path: PathArg) -> list[dict[str, Any]]:
     """Re-hashes every chunk; returns the bad ones (dicts: file, chunk, offset, problem), []
     when intact. Raises tsnap.Error when the snapshot has no valid manifest."""
     return _C.verify(_fspath(path))

@@ -9,25 +9,36 @@ once across the ranks, balancing the bytes. A load into DTensors reads each rank
 whatever mesh, placements or world size wrote the snapshot.
 """
 
+from __future__ import annotations
+
 import datetime
 import itertools
 import os
 import sys
 import zlib
+from types import ModuleType
+from typing import Any, Union
 
 import torch
 
 from . import _C
+from ._errors import error
+from ._tree import Tensors
+
+# key -> (global shape, offsets) of a piece of a sharded tensor (the C++ tsnap::ShardSpec).
+Shards = dict[str, tuple[list[int], list[int]]]
+# Seconds, or a timedelta.
+Timeout = Union[float, datetime.timedelta]
 
 # How many DistGroups this process has made (their store prefixes: every rank makes its groups
 # in the same order, as with torch.distributed.new_group).
 _group_counter = itertools.count()
 
 
-def _dist():
+def _dist() -> ModuleType:
     import torch.distributed as dist
     if not dist.is_available():
-        raise _C.InvalidArgument("tsnap: this torch has no torch.distributed")
+        raise error("invalid_argument", "tsnap: this torch has no torch.distributed")
     return dist
 
 
@@ -61,11 +72,14 @@ class DistGroup:
     does not join in time. Thread-safe once made; share one group between Snapshotters.
     """
 
-    def __init__(self, store=None, rank=None, world_size=None, *, timeout=300.0, prefix=None):
+    def __init__(self, store: Any = None, rank: int | None = None,
+                 world_size: int | None = None, *, timeout: Timeout = 300.0,
+                 prefix: str | None = None) -> None:
         if store is None:
             dist = _dist()
             if not dist.is_initialized():
-                raise _C.InvalidArgument(
+                raise error(
+                    "invalid_argument",
                     "tsnap: DistGroup() takes the store of the default process group, and "
                     "torch.distributed is not initialized: call dist.init_process_group() first, "
                     "or use DistGroup.from_env() or DistGroup(store, rank, world_size)")
@@ -78,19 +92,20 @@ class DistGroup:
                 rank = dist.get_rank() if rank is None else rank
                 world_size = dist.get_world_size() if world_size is None else world_size
             else:
-                raise _C.InvalidArgument("tsnap: DistGroup(store, rank, world_size) needs the "
-                                         "rank and world size")
+                raise error("invalid_argument", "tsnap: DistGroup(store, rank, world_size) needs "
+                            "the rank and world size")
         if isinstance(timeout, datetime.timedelta):
             timeout = timeout.total_seconds()
         if not timeout > 0:
-            raise _C.InvalidArgument(f"tsnap: DistGroup timeout must be positive, not {timeout}")
+            raise error("invalid_argument",
+                        f"tsnap: DistGroup timeout must be positive, not {timeout}")
         if prefix is None:
             prefix = f"tsnap/g{next(_group_counter)}"
         self._store = store  # the Python object too: its type may hold more than the C++ store
         self._g = _C.DistGroup(store, int(rank), int(world_size), float(timeout), str(prefix))
 
     @classmethod
-    def from_env(cls, *, timeout=300.0, prefix=None):
+    def from_env(cls, *, timeout: Timeout = 300.0, prefix: str | None = None) -> DistGroup:
         """The group of a ``torchrun`` launch (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
 
         With torch.distributed initialized, that is its default group's store (as
@@ -105,34 +120,34 @@ class DistGroup:
             return cls(timeout=timeout, prefix=prefix)
         for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             if not os.environ.get(name):
-                raise _C.InvalidArgument(
-                    f"tsnap: environment variable {name} is not set (set by torchrun)")
+                raise error("invalid_argument",
+                            f"tsnap: environment variable {name} is not set (set by torchrun)")
         seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else timeout
         try:
             store, rank, world_size = next(dist.rendezvous(
                 "env://", timeout=datetime.timedelta(seconds=float(seconds))))
         except (RuntimeError, ValueError) as e:
-            raise _C.Error(f"tsnap: the torchrun rendezvous failed: {e}") from None
+            raise error("peer_failed", f"tsnap: the torchrun rendezvous failed: {e}") from None
         return cls(store, rank, world_size, timeout=timeout, prefix=prefix)
 
     @property
-    def rank(self):
+    def rank(self) -> int:
         return self._g.rank
 
     @property
-    def world_size(self):
+    def world_size(self) -> int:
         return self._g.world_size
 
     @property
-    def store(self):
+    def store(self) -> Any:
         """The store (``init_process_group(store=...)`` can use it after ``from_env``)."""
         return self._store
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<tsnap.DistGroup rank {self.rank} of {self.world_size}>"
 
 
-def _dtensor_type():
+def _dtensor_type() -> Any:
     """The DTensor class, or None while torch.distributed.tensor is not imported: then no
     DTensor exists, and a save or load of plain tensors does not pay for importing it (about
     a second, at the first call)."""
@@ -140,18 +155,20 @@ def _dtensor_type():
     return getattr(module, "DTensor", None)
 
 
-def _layout(key, dt):
+def _layout(key: str, dt: Any) -> tuple[Any, Any, Any]:
     """``(coordinate, local_shape, offsets)`` of this rank's piece of DTensor ``dt``;
     coordinate is None when this rank is not in its mesh. Raises for placements that are not
     one box of the global tensor (Partial, strided shards)."""
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
     for p in dt.placements:
         if p.is_partial():
-            raise _C.InvalidArgument(
+            raise error(
+                "invalid_argument",
                 f"tsnap: DTensor '{key}' has a Partial placement (pending reduction): "
                 "redistribute it to Shard or Replicate before saving or loading")
         if not (p.is_replicate() or type(p).__name__ == "Shard"):
-            raise _C.InvalidArgument(
+            raise error(
+                "invalid_argument",
                 f"tsnap: DTensor '{key}' has placement {p!r}, whose local tensor is not one "
                 "block of the global tensor; redistribute it to Shard(d)/Replicate()")
     mesh = dt.device_mesh
@@ -162,7 +179,7 @@ def _layout(key, dt):
     return list(coordinate), [int(s) for s in shape], [int(o) for o in offsets]
 
 
-def _writes_piece(key, dt, coordinate):
+def _writes_piece(key: str, dt: Any, coordinate: list[int]) -> bool:
     """Whether this rank writes its piece: of the replicas of a piece (the ranks that differ
     only in the mesh dimensions that replicate it), the one that a hash of the key and the
     piece picks, so that replicated dimensions spread the pieces over their ranks."""
@@ -177,7 +194,7 @@ def _writes_piece(key, dt, coordinate):
     return replica == (zlib.crc32(key.encode()) + piece) % replicas
 
 
-def to_pieces(tensors, group):
+def to_pieces(tensors: Tensors, group: DistGroup | None) -> tuple[Tensors, Shards]:
     """The tensors a rank saves, and their shard specs: ``(tensors, shards)``.
 
     ``tensors`` is the flat state (keys -> tensors, DTensors among them). Each DTensor becomes
@@ -188,7 +205,8 @@ def to_pieces(tensors, group):
     if DTensor is None or not any(isinstance(t, DTensor) for t in tensors.values()):
         return tensors, {}
     world = group.world_size if group is not None else 1
-    out, shards = {}, {}
+    out: Tensors = {}
+    shards: Shards = {}
     for key, t in tensors.items():
         if not isinstance(t, DTensor):
             out[key] = t
@@ -196,7 +214,8 @@ def to_pieces(tensors, group):
         coordinate, shape, offsets = _layout(key, t)
         mesh_size = t.device_mesh.size()
         if mesh_size > world:
-            raise _C.InvalidArgument(
+            raise error(
+                "invalid_argument",
                 f"tsnap: DTensor '{key}' is spread over {mesh_size} ranks but the save has "
                 f"{world}: save it with a DistGroup (Snapshotter(root, "
                 "group=tsnap.DistGroup()) on every rank)")
@@ -216,7 +235,8 @@ def to_pieces(tensors, group):
         if local.numel() == 0 or not _writes_piece(key, t, coordinate):
             continue
         if list(local.shape) != shape:
-            raise _C.InvalidArgument(
+            raise error(
+                "invalid_argument",
                 f"tsnap: DTensor '{key}': its local tensor has shape {list(local.shape)}, its "
                 f"placements {t.placements} give {shape} (padded shards are not supported)")
         out[key] = local
@@ -224,7 +244,8 @@ def to_pieces(tensors, group):
     return out, shards
 
 
-def to_destinations(tensors):
+def to_destinations(
+        tensors: Tensors) -> tuple[Tensors, Shards, list[tuple[torch.Tensor, torch.Tensor]]]:
     """What a load writes into: ``(tensors, shards, copy_back)``.
 
     Each DTensor becomes this rank's local tensor with its region of the global tensor;
@@ -233,7 +254,9 @@ def to_destinations(tensors):
     is done. The engine loads CPU and GPU tensors alike (a GPU one through pinned memory).
     """
     DTensor = _dtensor_type()
-    out, shards, copy_back = {}, {}, []
+    out: Tensors = {}
+    shards: Shards = {}
+    copy_back: list[tuple[torch.Tensor, torch.Tensor]] = []
     for key, t in tensors.items():
         if DTensor is not None and isinstance(t, DTensor):
             coordinate, shape, offsets = _layout(key, t)
@@ -250,7 +273,7 @@ def to_destinations(tensors):
     return out, shards, copy_back
 
 
-def finish_destinations(copy_back):
+def finish_destinations(copy_back: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     with torch.no_grad():  # parameters that require grad are written in place, as C++ does
         for dest, buffer in copy_back:
             dest.copy_(buffer)

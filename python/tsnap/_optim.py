@@ -5,8 +5,14 @@ when a model gains, loses or reorders parameters between save and resume. These 
 translate it to and from the names of ``model.named_parameters()``.
 """
 
+from __future__ import annotations
 
-def _names_by_position(optimizer, model):
+from typing import Any
+
+import torch
+
+
+def _names_by_position(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> list[str]:
     names = {id(p): n for n, p in model.named_parameters()}
     out = []
     for group in optimizer.param_groups:
@@ -18,7 +24,8 @@ def _names_by_position(optimizer, model):
     return out
 
 
-def optimizer_state_dict(optimizer, model):
+def optimizer_state_dict(optimizer: torch.optim.Optimizer,
+                         model: torch.nn.Module) -> dict[str, Any]:
     """``optimizer.state_dict()`` with parameter names for positions: ``{"state": {name:
     {...}}, "param_groups": [{..., "params": [name, ...]}]}``."""
     sd = optimizer.state_dict()
@@ -31,7 +38,8 @@ def optimizer_state_dict(optimizer, model):
     return {"state": {names[i]: s for i, s in sd["state"].items()}, "param_groups": groups}
 
 
-def load_optimizer_state_dict(optimizer, model, named):
+def load_optimizer_state_dict(optimizer: torch.optim.Optimizer, model: torch.nn.Module,
+                              named: dict[str, Any]) -> None:
     """Loads a state made by ``optimizer_state_dict`` into ``optimizer`` (whose parameters are
     ``model``'s). Raises ValueError naming a parameter the saved state does not know."""
     position = {n: i for i, n in enumerate(_names_by_position(optimizer, model))}
@@ -44,7 +52,7 @@ def load_optimizer_state_dict(optimizer, model, named):
                              f"{unknown[:5]}")
         g["params"] = [position[n] for n in group["params"]]
         groups.append(g)
-    state = {}
+    state: dict[int, Any] = {}
     for n, s in named["state"].items():
         if n not in position:
             raise ValueError(f"tsnap: saved optimizer state for unknown parameter '{n}'")

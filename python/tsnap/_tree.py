@@ -8,10 +8,19 @@ snapshot's metadata as a tree whose leaves name those keys, so that a load gives
 structure. Pure Python, no I/O.
 """
 
+from __future__ import annotations
+
 import collections
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import torch
+
+# A state: a dict of tensors, containers and plain values (nested).
+State = dict[Any, Any]
+# Flat tensors by key.
+Tensors = dict[str, torch.Tensor]
 
 SEP = "/"
 # The metadata key of the structure (beside the user's keys and the C++ checkpoint's "tsnap").
@@ -19,7 +28,7 @@ TREE_KEY = "tsnap_python"
 _INT64 = (-(2**63), 2**63 - 1)
 
 
-def flatten(state):
+def flatten(state: State) -> tuple[Tensors, dict[str, Any]]:
     """Returns ``(tensors, tree)``: the tensors of ``state`` by key and its structure (JSON-able).
 
     Raises TypeError for a value that is neither a tensor, a container nor a plain value, and
@@ -27,20 +36,20 @@ def flatten(state):
     """
     if not isinstance(state, dict):
         raise TypeError(f"tsnap: a state must be a dict, not {type(state).__name__}")
-    tensors = {}
+    tensors: Tensors = {}
     tree = _encode(state, (), tensors)
     return tensors, tree
 
 
-def _key(path):
+def _key(path: tuple[str | int, ...]) -> str:
     return SEP.join(str(p) for p in path)
 
 
-def _where(path):
+def _where(path: tuple[str | int, ...]) -> str:
     return f"'{_key(path)}'" if path else "the top level"
 
 
-def _encode(value, path, tensors):
+def _encode(value: Any, path: tuple[str | int, ...], tensors: Tensors) -> dict[str, Any]:
     if isinstance(value, torch.Tensor):
         key = _key(path)
         if not path:
@@ -53,13 +62,13 @@ def _encode(value, path, tensors):
         tensors[key] = value
         return {"t": key}
     if isinstance(value, dict):
-        items = []
+        items: list[Any] = []
         for k, v in value.items():
             if isinstance(k, bool) or not isinstance(k, (str, int)):
                 raise TypeError(f"tsnap: dict key {k!r} at {_where(path)} is a "
                                 f"{type(k).__name__}; keys must be str or int")
             items.append([k, _encode(v, path + (k,), tensors)])
-        node = {"d": items}
+        node: dict[str, Any] = {"d": items}
         if isinstance(value, collections.OrderedDict):
             node["o"] = True
         return node
@@ -79,18 +88,27 @@ def _encode(value, path, tensors):
 
 
 _MISSING = object()
+_QUOTE_MAX = 80  # characters of a value quoted in an error message
 
 
-def _bad(what):
-    from . import _C  # the extension's error classes (imported late: this module has no I/O)
-    e = _C.FormatError(f"tsnap: the snapshot's structure record ('{TREE_KEY}' in its "
-                       f"metadata) is not valid: {what}")
-    e.code = "bad_manifest"
-    e.errno = 0
-    return e
+def _q(value: object, limit: int = _QUOTE_MAX) -> str:
+    """``value`` as text for an error message, cut to ``limit`` characters."""
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
-def unflatten(tree, tensors, complete=True):
+def _names(keys: Sequence[str]) -> str:
+    """Up to three keys, each cut, for an error message."""
+    return ", ".join(_q(k) for k in keys[:3]) + (", ..." if len(keys) > 3 else "")
+
+
+def _bad(what: str) -> Exception:
+    from ._errors import error  # the extension's error classes (imported late: no I/O here)
+    return error("bad_manifest", f"tsnap: the snapshot's structure record ('{TREE_KEY}' in its "
+                 f"metadata) is not valid: {what}")
+
+
+def unflatten(tree: Any, tensors: Tensors, complete: bool = True) -> State:
     """The state that ``tree`` describes, with the tensors of ``tensors``.
 
     A tensor that ``tensors`` lacks (a load that selected keys, ``complete=False``) is left out:
@@ -99,36 +117,36 @@ def unflatten(tree, tensors, complete=True):
     formed, each tensor key named once, and with ``complete`` every tensor of ``tensors`` named
     and every named key present; else tsnap.FormatError.
     """
-    named = set()
+    named: set[str] = set()
     out = _decode(tree, tensors, named)
     loaded = set(tensors)
     if not loaded <= named:
         extra = sorted(loaded - named)
         raise _bad(f"it does not name {len(extra)} of the snapshot's tensors "
-                   f"({', '.join(extra[:3])}{', ...' if len(extra) > 3 else ''})")
+                   f"({_names(extra)})")
     if complete and named != loaded:
         missing = sorted(named - loaded)
         raise _bad(f"it names {len(missing)} tensor key(s) the snapshot does not hold "
-                   f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
+                   f"({_names(missing)})")
     return {} if out is _MISSING else out
 
 
 _KINDS = {"t", "d", "l", "tu", "v", "bi", "f", "dt"}
 
 
-def _decode(node, tensors, named):
+def _decode(node: Any, tensors: Tensors, named: set[str]) -> Any:
     if not isinstance(node, dict):
         raise _bad(f"a node is a {type(node).__name__}, not an object")
     kinds = _KINDS.intersection(node)
     if len(kinds) != 1 or not set(node) <= _KINDS | {"o"} or ("o" in node and "d" not in node):
-        raise _bad(f"unknown node {str(node)[:80]}")
+        raise _bad(f"unknown node {_q(str(node))}")
     kind = kinds.pop()
     value = node[kind]
     if kind == "t":
         if not isinstance(value, str) or not value:
-            raise _bad(f"a tensor key is {value!r}, not a non-empty string")
+            raise _bad(f"a tensor key is {_q(repr(value))}, not a non-empty string")
         if value in named:
-            raise _bad(f"the tensor key '{value}' is named twice")
+            raise _bad(f"the tensor key '{_q(value)}' is named twice")
         named.add(value)
         return tensors.get(value, _MISSING)
     if kind == "d":
@@ -138,7 +156,7 @@ def _decode(node, tensors, named):
         for item in value:
             if (not isinstance(item, list) or len(item) != 2 or isinstance(item[0], bool)
                     or not isinstance(item[0], (str, int))):
-                raise _bad(f"a dict item is {str(item)[:80]}, not a [str or int key, node] pair")
+                raise _bad(f"a dict item is {_q(str(item))}, not a [str or int key, node] pair")
             k, v = item
             decoded = _decode(v, tensors, named)
             if decoded is not _MISSING:
@@ -160,14 +178,14 @@ def _decode(node, tensors, named):
         try:
             return int(value)
         except (TypeError, ValueError):
-            raise _bad(f"a big integer is {str(value)[:40]!r}") from None
+            raise _bad(f"a big integer is {_q(repr(value), 40)}") from None
     if kind == "f":
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         if value in ("inf", "-inf", "nan"):
             return float(value)
-        raise _bad(f"a float is {str(value)[:40]!r}")
+        raise _bad(f"a float is {_q(repr(value), 40)}")
     dtype = getattr(torch, value, None) if isinstance(value, str) else None
     if not isinstance(dtype, torch.dtype):
-        raise _bad(f"{str(value)[:40]!r} is not a torch dtype")
+        raise _bad(f"{_q(repr(value), 40)} is not a torch dtype")
     return dtype

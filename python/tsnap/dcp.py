@@ -54,6 +54,8 @@ unless a ``snapshotter`` is given; those Snapshotters are closed (after their sa
 commit) at interpreter exit or by ``close_snapshotters()``.
 """
 
+from __future__ import annotations
+
 import atexit
 import dataclasses
 import io
@@ -61,16 +63,35 @@ import json
 import os
 import threading
 import uuid
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch.distributed.checkpoint import storage as _dcp_storage
 from torch.distributed.checkpoint.metadata import (
-    BytesStorageMetadata, ChunkStorageMetadata, Metadata, MetadataIndex, StorageMeta,
-    TensorProperties, TensorStorageMetadata)
-from torch.distributed.checkpoint.planner import LoadItemType, WriteItemType
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    ReadItem,
+    SavePlan,
+    SavePlanner,
+    WriteItemType,
+)
 from torch.futures import Future
 
 from . import _C, _api, _dist
+from ._api import PathArg
+from ._errors import ErrorCode, error
+from ._tree import Tensors
 
 __all__ = ["StorageReader", "StorageWriter", "close_snapshotters"]
 
@@ -88,23 +109,21 @@ _DTYPES = {
 _SUPPORTED = frozenset(_DTYPES.values())
 
 
-def _error(cls, code, message):
-    """A tsnap.Error of class ``cls`` with the attributes the engine's errors carry."""
-    e = cls(f"tsnap.dcp: {message}")
-    e.code = code
-    e.errno = 0
-    return e
+def _error(code: ErrorCode, message: str) -> Exception:
+    """The tsnap.Error of ``code`` (its class follows from the code), with the adapter's
+    prefix."""
+    return error(code, f"tsnap.dcp: {message}")
 
 
-def _invalid(message, code="invalid_argument"):
-    return _error(_C.InvalidArgument, code, message)
+def _invalid(message: str, code: ErrorCode = "invalid_argument") -> Exception:
+    return _error(code, message)
 
 
-def _fspath(path):
+def _fspath(path: PathArg) -> str:
     return os.path.abspath(os.fsdecode(os.fspath(path)))
 
 
-def _split(path):
+def _split(path: PathArg) -> tuple[str, str]:
     path = _fspath(path).rstrip(os.sep)
     root, name = os.path.split(path)
     if not name or not root:
@@ -112,7 +131,7 @@ def _split(path):
     return root, name
 
 
-def _dist_world():
+def _dist_world() -> tuple[int, int]:
     """(rank, world size) of the default torch.distributed group, (0, 1) without one."""
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
@@ -124,11 +143,11 @@ def _dist_world():
 # Shared Snapshotters and the default group.
 
 _lock = threading.Lock()
-_snapshotters = {}
-_default_group = None
+_snapshotters: dict[tuple[Any, ...], _api.Snapshotter] = {}
+_default_group: _dist.DistGroup | None = None
 
 
-def _default_dist_group(world_size):
+def _default_dist_group(world_size: int) -> _dist.DistGroup:
     """The process's tsnap.DistGroup over the default torch.distributed group's store."""
     global _default_group
     _, world = _dist_world()
@@ -145,7 +164,8 @@ def _default_dist_group(world_size):
         return _default_group
 
 
-def _shared_snapshotter(root, group, options):
+def _shared_snapshotter(root: str, group: _dist.DistGroup | None,
+                        options: dict[str, Any]) -> _api.Snapshotter:
     key = (root, id(group) if group is not None else None, tuple(sorted(options.items())))
     with _lock:
         snap = _snapshotters.get(key)
@@ -158,7 +178,7 @@ def _shared_snapshotter(root, group, options):
         return snap
 
 
-def close_snapshotters():
+def close_snapshotters() -> None:
     """Closes the Snapshotters that the writers of this process share (each waits for its saves
     in flight to commit or fail, then frees its staging buffers). A later save makes new ones."""
     with _lock:
@@ -181,23 +201,24 @@ class _PlanData:
     record: str  # the JSON of the adapter's record, for the manifest metadata
 
 
-def _record_of(plans):
+def _record_of(plans: Sequence[SavePlan]) -> str:
     """The adapter's manifest record from the global plan: bytes names and planner data."""
     byte_names = sorted({it.index.fqn for p in plans for it in p.items
                          if it.type == WriteItemType.BYTE_IO})
-    mappings = {}
+    mappings: dict[Any, Any] = {}
     for p in plans:
         if isinstance(p.planner_data, dict):
             mappings.update(p.planner_data)
-    planner_data = {}
+    planner_data: dict[str, list[str | int]] = {}
+    plain = True
     for fqn, path in mappings.items():
         if not isinstance(fqn, str) or not isinstance(path, (tuple, list)) or not all(
                 isinstance(x, (str, int)) and not isinstance(x, bool) for x in path):
-            planner_data = None  # a custom planner's data: not kept
+            plain = False  # a custom planner's data: not kept
             break
         planner_data[fqn] = list(path)
     return json.dumps({"version": _DCP_VERSION, "bytes": byte_names,
-                       "planner_data": planner_data})
+                       "planner_data": planner_data if plain else None})
 
 
 class StorageWriter(_dcp_storage.StorageWriter):
@@ -233,8 +254,10 @@ class StorageWriter(_dcp_storage.StorageWriter):
     writes.
     """
 
-    def __init__(self, path, *, overwrite=True, async_commit=False, snapshotter=None,
-                 group=None, dtype=None, **snapshotter_options):
+    def __init__(self, path: PathArg, *, overwrite: bool = True, async_commit: bool = False,
+                 snapshotter: _api.Snapshotter | None = None,
+                 group: _dist.DistGroup | None = None, dtype: torch.dtype | None = None,
+                 **snapshotter_options: Any) -> None:
         super().__init__()
         self._path = _fspath(path)
         self._overwrite = bool(overwrite)
@@ -246,28 +269,28 @@ class StorageWriter(_dcp_storage.StorageWriter):
         if snapshotter is not None and snapshotter_options:
             raise _invalid("pass either a snapshotter or Snapshotter options, not both")
         self._save_id = str(uuid.uuid4())
-        self._handle = None
+        self._handle: _api.SaveHandle | None = None
 
     # -- DCP's protocol ------------------------------------------------------------------------
 
-    def reset(self, checkpoint_id=None):
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         if checkpoint_id:
             self._path = _fspath(checkpoint_id)
         self._save_id = str(uuid.uuid4())
 
-    def set_up_storage_writer(self, is_coordinator, *args, **kwargs):
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         if not kwargs.get("use_collectives", True) and _dist_world()[1] > 1:
             raise _invalid("use_collectives=False is not supported: the ranks of a save write "
                            "one snapshot together")
 
-    def prepare_local_plan(self, plan):
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         # Found before anything is staged: a path that holds something else than a snapshot
         # (a checkpoint of DCP's own writer, a user's files), which an overwrite would replace.
         if os.path.lexists(self._path) and not (
                 os.path.isdir(self._path) and (not os.listdir(self._path) or os.path.isfile(
                     os.path.join(self._path, _MANIFEST)))):
-            raise _invalid(f"{self._path} exists and is not a tsnap snapshot: remove it or save "
-                           "elsewhere", "already_exists")
+            raise _error("already_exists", f"{self._path} exists and is not a tsnap snapshot: "
+                         "remove it or save elsewhere")
         # And a dtype the format cannot hold.
         for item in plan.items:
             if item.tensor_data is not None:
@@ -278,7 +301,7 @@ class StorageWriter(_dcp_storage.StorageWriter):
                                    " uint8 and bool)")
         return plan
 
-    def prepare_global_plan(self, plans):
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         if all(not p.usable for p in plans):
             return plans  # DCP's plan cache: every rank reuses its previous plan
         record = _record_of(plans)
@@ -302,7 +325,8 @@ class StorageWriter(_dcp_storage.StorageWriter):
             out.append(p)
         return out
 
-    def write_data(self, plan, planner):
+    def write_data(self, plan: SavePlan,
+                   planner: SavePlanner) -> Future[list[_dcp_storage.WriteResult]]:
         data = plan.storage_data
         if not isinstance(data, _PlanData):
             raise _invalid("the plan was not prepared by tsnap.dcp.StorageWriter "
@@ -320,16 +344,17 @@ class StorageWriter(_dcp_storage.StorageWriter):
                                     self._overwrite)
         if not self._async_commit:
             self._handle.wait()
-        fut = Future()
+        fut: Future[list[_dcp_storage.WriteResult]] = Future()
         fut.set_result(results)
         return fut
 
     @staticmethod
-    def _items(plan, planner, distributed):
+    def _items(plan: SavePlan, planner: SavePlanner, distributed: bool
+               ) -> tuple[Tensors, _dist.Shards, list[_dcp_storage.WriteResult]]:
         """What this rank saves of `plan`: (entries, shards, DCP write results)."""
-        entries = {}
-        shards = {}
-        results = []
+        entries: Tensors = {}
+        shards: _dist.Shards = {}
+        results: list[_dcp_storage.WriteResult] = []
         for item in plan.items:
             key = item.index.fqn
             if key in entries:
@@ -341,6 +366,9 @@ class StorageWriter(_dcp_storage.StorageWriter):
                 shape = list(tensor.shape)
                 spec = (shape, [0]) if distributed else None
             else:
+                if not isinstance(value, torch.Tensor) or item.tensor_data is None:
+                    raise _invalid(f"'{key}': a tensor write item resolved to a "
+                                   f"{type(value).__name__}, not a tensor")
                 tensor = value.detach()
                 chunk = item.tensor_data.chunk
                 size = list(item.tensor_data.size)
@@ -358,15 +386,15 @@ class StorageWriter(_dcp_storage.StorageWriter):
                 storage_data=key))
         return entries, shards, results
 
-    def finish(self, metadata, results):
+    def finish(self, metadata: Metadata, results: list[list[_dcp_storage.WriteResult]]) -> None:
         # The manifest, written by tsnap's commit, is the checkpoint's metadata.
         pass
 
-    def storage_meta(self):
+    def storage_meta(self) -> StorageMeta:
         return StorageMeta(checkpoint_id=self._path, save_id=self._save_id)
 
     @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id):
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         try:
             _split(checkpoint_id)
         except Exception:
@@ -376,21 +404,21 @@ class StorageWriter(_dcp_storage.StorageWriter):
     # -- tsnap's side --------------------------------------------------------------------------
 
     @property
-    def checkpoint_id(self):
+    def checkpoint_id(self) -> str:
         """The snapshot directory this writer writes."""
         return self._path
 
     @property
-    def handle(self):
+    def handle(self) -> _api.SaveHandle | None:
         """The ``tsnap.SaveHandle`` of the last save (None before the first)."""
         return self._handle
 
-    def wait(self, timeout=None):
+    def wait(self, timeout: float | None = None) -> bool:
         """Waits until the last save is committed (``async_commit``); raises its error.
         Returns False on timeout, True otherwise (also when nothing was saved)."""
         return True if self._handle is None else self._handle.wait(timeout)
 
-    def _snapshotter_for(self, world_size):
+    def _snapshotter_for(self, world_size: int) -> tuple[_api.Snapshotter, str]:
         root, name = _split(self._path)
         if self._snapshotter is not None:
             if os.path.realpath(self._snapshotter.root) != os.path.realpath(root):
@@ -412,7 +440,7 @@ class StorageWriter(_dcp_storage.StorageWriter):
             raise _invalid("a group was given but DCP saves on one rank")
         return _shared_snapshotter(root, group, self._options), name
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         # DCP's process-based async executor sends the writer to another process: the
         # Snapshotter and the handle stay here (the other process makes its own).
         state = self.__dict__.copy()
@@ -422,14 +450,14 @@ class StorageWriter(_dcp_storage.StorageWriter):
         return state
 
 
-def _numel(shape):
+def _numel(shape: Sequence[int]) -> int:
     n = 1
     for s in shape:
         n *= int(s)
     return n
 
 
-def _bytes_tensor(value):
+def _bytes_tensor(value: object) -> torch.Tensor:
     if not isinstance(value, io.BytesIO):
         raise _invalid(f"a bytes write item resolved to a {type(value).__name__}, not BytesIO")
     raw = value.getvalue()
@@ -438,7 +466,9 @@ def _bytes_tensor(value):
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8)
 
 
-def _save_pieces(snap, name, entries, shards, metadata, dtype, overwrite):
+def _save_pieces(snap: _api.Snapshotter, name: str, entries: Tensors, shards: _dist.Shards,
+                 metadata: dict[str, Any], dtype: torch.dtype | None,
+                 overwrite: bool) -> _api.SaveHandle:
     """Starts saving ``entries`` ({key: tensor}), the keys of ``shards`` as pieces ({key:
     (global_shape, offsets)}); returns the tsnap.SaveHandle once every tensor is staged."""
     # The keys are flat (DCP's names), so no structure record: tsnap.load returns them flat.
@@ -452,7 +482,7 @@ def _save_pieces(snap, name, entries, shards, metadata, dtype, overwrite):
 # ---------------------------------------------------------------------------------------------
 # The reader.
 
-def _read_manifest(path):
+def _read_manifest(path: str) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any], str]:
     """The manifest's tensors and metadata: ``({key: [record, ...]}, metadata, id)``.
 
     tsnap validates the manifest first (a missing or corrupt one raises tsnap.IoError or
@@ -463,8 +493,7 @@ def _read_manifest(path):
         manifest = json.loads(f.read())
     meta = json.loads(meta_text)
     if manifest.get("metadata") != meta:
-        raise _error(_C.Error, "busy", f"the snapshot {path} changed while it was read; "
-                     "load again")
+        raise _error("busy", f"the snapshot {path} changed while it was read; load again")
     tensors = {}
     for key, rec in manifest["tensors"].items():
         tensors[key] = rec["pieces"] if "pieces" in rec else [rec]
@@ -478,8 +507,10 @@ class StorageReader(_dcp_storage.StorageReader):
     that ``StorageWriter`` wrote (on any number of ranks) into ``state_dict``, on any number of
     ranks and with any sharding: each rank reads only the chunks of the shard files that hold
     the parts it needs, checks each chunk's hash, and converts floating dtypes into its
-    destinations' dtypes. A snapshot written by tsnap's own API loads too, under its flat keys
-    (non-tensor values of such snapshots are not served).
+    destinations' dtypes. A snapshot written by tsnap's own API loads too: its keys join a
+    nested state's path with ``/`` (``extra/uneven``) where DCP flattens with ``.``
+    (``extra.uneven``), so each such key is also served under its dotted name (unless another
+    key has that name); non-tensor values of such snapshots are not served.
 
     Arguments:
         path: the snapshot directory (a ``checkpoint_id`` given to ``dcp.load`` replaces it).
@@ -490,26 +521,27 @@ class StorageReader(_dcp_storage.StorageReader):
     and chunk).
     """
 
-    def __init__(self, path, *, verify=True):
+    def __init__(self, path: PathArg, *, verify: bool = True) -> None:
         super().__init__()
         self._path = _fspath(path)
         self._verify = bool(verify)
         self._load_id = str(uuid.uuid4())
-        self._records = None
+        self._records: dict[str, list[dict[str, Any]]] | None = None
+        self._aliases: dict[str, str] = {}
 
-    def reset(self, checkpoint_id=None):
+    def reset(self, checkpoint_id: str | os.PathLike[str] | None = None) -> None:
         if checkpoint_id:
             self._path = _fspath(checkpoint_id)
         self._load_id = str(uuid.uuid4())
         self._records = None
 
     # No **kwargs: DCP then does not retry with per-rank metadata files, which tsnap has not.
-    def read_metadata(self, *args):
+    def read_metadata(self, *args: Any) -> Metadata:
         tensors, meta, snapshot_id = _read_manifest(self._path)
         record = meta.get(DCP_KEY) or {}
         byte_names = set(record.get("bytes", ()))
-        state_dict_metadata = {}
-        storage_data = {}
+        state_dict_metadata: dict[str, TensorStorageMetadata | BytesStorageMetadata] = {}
+        storage_data: dict[MetadataIndex, str] = {}
         for key, pieces in tensors.items():
             if key in byte_names:
                 state_dict_metadata[key] = BytesStorageMetadata()
@@ -530,6 +562,22 @@ class StorageReader(_dcp_storage.StorageReader):
         planner_data = record.get("planner_data")
         if planner_data is not None:
             planner_data = {k: tuple(v) for k, v in planner_data.items()}
+        if not record:
+            # tsnap's own keys join a nested path with "/", DCP's with ".": serve each under its
+            # dotted name too, so that dcp.load of a nested state finds it.
+            self._aliases = {}
+            dotted: dict[str, int] = {}
+            for key in tensors:
+                dotted[key.replace("/", ".")] = dotted.get(key.replace("/", "."), 0) + 1
+            for key in list(state_dict_metadata):
+                alias = key.replace("/", ".")
+                if alias == key or alias in tensors or dotted[alias] > 1:
+                    continue
+                self._aliases[alias] = key
+                state_dict_metadata[alias] = state_dict_metadata[key]
+                for index, stored in list(storage_data.items()):
+                    if stored == key:
+                        storage_data[MetadataIndex(alias, index.offset)] = key
         self._records = tensors
         return Metadata(
             state_dict_metadata=state_dict_metadata, planner_data=planner_data,
@@ -538,30 +586,31 @@ class StorageReader(_dcp_storage.StorageReader):
                                      load_id=self._load_id),
             version=record.get("version", _DCP_VERSION))
 
-    def set_up_storage_reader(self, metadata, is_coordinator, *args, **kwargs):
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
+                              **kwargs: Any) -> None:
         if self._records is None:
             self._records = _read_manifest(self._path)[0]
 
-    def prepare_local_plan(self, plan):
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         return plan
 
-    def prepare_global_plan(self, plans):
+    def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
         return plans
 
-    def read_data(self, plan, planner):
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
         self._read_bytes([r for r in plan.items if r.type == LoadItemType.BYTE_IO], planner)
         self._read_tensors([r for r in plan.items if r.type != LoadItemType.BYTE_IO], planner)
-        fut = Future()
+        fut: Future[None] = Future()
         fut.set_result(None)
         return fut
 
     @property
-    def checkpoint_id(self):
+    def checkpoint_id(self) -> str:
         """The snapshot directory this reader reads."""
         return self._path
 
     @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id):
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         try:
             return os.path.isfile(os.path.join(_fspath(checkpoint_id), _MANIFEST))
         except Exception:
@@ -569,15 +618,22 @@ class StorageReader(_dcp_storage.StorageReader):
 
     # -- reads ---------------------------------------------------------------------------------
 
-    def _pieces(self, key):
+    def _stored(self, fqn: str) -> str:
+        """The snapshot's key that DCP's name ``fqn`` stands for (itself, or a dotted alias)."""
+        return self._aliases.get(fqn, fqn)
+
+    def _pieces(self, key: str) -> list[dict[str, Any]]:
+        if self._records is None:
+            self._records = _read_manifest(self._path)[0]
+        key = self._stored(key)
         try:
             return self._records[key]
         except KeyError:
             raise _invalid(f"'{key}' is not in the snapshot {self._path}",
                            "key_not_found") from None
 
-    def _read_bytes(self, items, planner):
-        buffers = {}
+    def _read_bytes(self, items: list[ReadItem], planner: LoadPlanner) -> None:
+        buffers: dict[str, tuple[torch.Tensor, Any]] = {}
         for req in items:
             key = req.storage_index.fqn
             if key not in buffers:
@@ -589,11 +645,11 @@ class StorageReader(_dcp_storage.StorageReader):
             raw = buffers[req.storage_index.fqn][0].numpy().tobytes()
             planner.load_bytes(req, io.BytesIO(raw))
 
-    def _read_tensors(self, items, planner):
+    def _read_tensors(self, items: list[ReadItem], planner: LoadPlanner) -> None:
         # One load per round; a round reads at most one box of each key (tsnap's loads take
         # one destination per key), so a key read as k boxes takes k rounds.
-        rounds = []
-        seen = {}
+        rounds: list[list[ReadItem]] = []
+        seen: dict[str, int] = {}
         for req in items:
             i = seen.get(req.storage_index.fqn, 0)
             seen[req.storage_index.fqn] = i + 1
@@ -601,10 +657,10 @@ class StorageReader(_dcp_storage.StorageReader):
                 rounds.append([])
             rounds[i].append(req)
         for batch in rounds:
-            dests = {}
+            dests: dict[str, tuple[torch.Tensor, tuple[list[int], list[int]] | None]] = {}
             after = []
             for req in batch:
-                key = req.storage_index.fqn
+                key = self._stored(req.storage_index.fqn)
                 pieces = self._pieces(key)
                 rec = _piece_at(pieces, req.storage_index.offset, key)
                 stored = _DTYPES[rec["dtype"]]
@@ -630,7 +686,8 @@ class StorageReader(_dcp_storage.StorageReader):
                 planner.commit_tensor(req, target)
 
 
-def _piece_at(pieces, offset, key):
+def _piece_at(pieces: list[dict[str, Any]], offset: Sequence[int] | None,
+              key: str) -> dict[str, Any]:
     if offset is None or len(pieces) == 1:
         return pieces[0]
     want = list(offset)
@@ -640,7 +697,9 @@ def _piece_at(pieces, offset, key):
     raise _invalid(f"'{key}' has no stored piece at offsets {want}", "key_not_found")
 
 
-def _load_boxes(path, dests, verify):
+def _load_boxes(path: str,
+                dests: dict[str, tuple[torch.Tensor, tuple[list[int], list[int]] | None]],
+                verify: bool) -> None:
     """Reads into ``dests`` ({key: (tensor, None or (global_shape, offsets))}), in place: each
     tensor receives its box of the stored global tensor, from whichever pieces overlap it."""
     tensors = {k: t for k, (t, _) in dests.items()}

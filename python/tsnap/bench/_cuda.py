@@ -17,23 +17,28 @@ each kind, medians:
            of both is dropped first (``posix_fadvise(DONTNEED)``), so both read the disk
   loop     a training loop on the GPU (an MLP, Adam, ``--loop-mb`` MB of parameters and
            moments, batch ``--loop-batch``) with one snapshot per block of ``--block`` steps,
-           paired blocks as ``--loop`` measures them (tsnap/_bench_loop.py): the step-time
+           paired blocks as ``--loop`` measures them (tsnap/bench/_loop.py): the step-time
            overhead of a snapshot every ``--block`` steps, eager and lazy
 
 Every save is made in place of the last one; the working directory is removed at the end.
 Without a GPU it says so and measures nothing.
 """
 
+from __future__ import annotations
+
+import argparse
 import ctypes
 import os
 import shutil
 import statistics
 import tempfile
 import time
+from typing import Any
 
 import torch
 
-from . import _bench_dist, _bench_loop, bench
+from .. import bench
+from . import _dist, _loop
 
 STALL_TARGET = 1.1
 
@@ -45,7 +50,7 @@ def _sync(device):
 
 def gpu_state(scale, device):
     """GPT-2 small (times ``scale``) + Adam state, fp32, on ``device``; steps on the CPU."""
-    state = bench.state_of(_bench_dist.shapes_for(scale))
+    state = bench.state_of(_dist.shapes_for(scale))
 
     def move(v, key=""):
         if isinstance(v, dict):
@@ -60,7 +65,7 @@ class Pinned:
     per tensor, each 64-byte aligned; ``down`` copies the tensors into it (floating ones
     converted to ``dtype`` on their device first, if given), ``up`` back."""
 
-    def __init__(self, tensors, dtype=None):
+    def __init__(self, tensors: list[torch.Tensor], dtype: torch.dtype | None = None) -> None:
         self.tensors = tensors
         self.dtypes = [dtype if dtype is not None and t.is_floating_point() else t.dtype
                        for t in tensors]
@@ -77,7 +82,7 @@ class Pinned:
                       for (o, n), t, dt in zip(sizes, tensors, self.dtypes)]
         self.device = next((t.device for t in tensors if t.is_cuda), torch.device("cpu"))
 
-    def down(self):
+    def down(self) -> float:
         """Device -> host: returns the seconds until every copy is done."""
         _sync(self.device)
         t0 = time.perf_counter()
@@ -86,7 +91,7 @@ class Pinned:
         _sync(self.device)
         return time.perf_counter() - t0
 
-    def up(self):
+    def up(self) -> None:
         """Host -> device, into the tensors."""
         for v, t in zip(self.views, self.tensors):
             t.copy_(v, non_blocking=True)
@@ -134,13 +139,13 @@ def measure_saves(state, tensors, workdir, repeat, device):
     import tsnap
     floor32, floor16 = Pinned(tensors), Pinned(tensors, torch.bfloat16)
     raw = os.path.join(workdir, "raw.bin")
-    out = {"bytes": floor32.nbytes, "bytes_bf16": floor16.nbytes}
+    out: dict[str, Any] = {"bytes": floor32.nbytes, "bytes_bf16": floor16.nbytes}
     snap = tsnap.Snapshotter(os.path.join(workdir, "snap"))
     snap.prepare(state)
     snap.save_async("warm-up", state, overwrite=True).wait()
     engine = None
-    rows = {k: [] for k in ("stall", "durable", "stall_bf16", "durable_bf16", "floor",
-                            "floor_bf16", "raw_durable")}
+    rows: dict[str, list[float]] = {k: [] for k in (
+        "stall", "durable", "stall_bf16", "durable_bf16", "floor", "floor_bf16", "raw_durable")}
     for _ in range(repeat):
         rows["floor"].append(floor32.down())
         rows["floor_bf16"].append(floor16.down())
@@ -195,8 +200,9 @@ def measure_loads(state, tensors, saved, repeat, device):
     return {"load": _median(loads), "raw_load": _median(raws), "load_engine": engine}
 
 
-def run(scale=1.0, repeat=5, workdir=None, device="cuda", loop_mb=1500, loop_batch=1024,
-        pairs=10, block=50, loop=True):
+def run(scale: float = 1.0, repeat: int = 5, workdir: str | None = None,
+        device: str | torch.device = "cuda", loop_mb: int = 1500, loop_batch: int = 1024,
+        pairs: int = 10, block: int = 50, loop: bool = True) -> dict[str, Any]:
     """Every measurement above; returns a dict of figures (seconds, bytes, loop results)."""
     device = torch.device(device)
     top = tempfile.mkdtemp(prefix="tsnap-bench-cuda-", dir=workdir or ".")
@@ -214,7 +220,7 @@ def run(scale=1.0, repeat=5, workdir=None, device="cuda", loop_mb=1500, loop_bat
         result["loop"] = []
         if loop:
             for staging in ("eager", "lazy"):
-                r = _bench_loop.run(loop_mb, pairs, block, staging, os.path.join(top, staging),
+                r = _loop.run(loop_mb, pairs, block, staging, os.path.join(top, staging),
                                     device=device, batch=loop_batch)
                 result["loop"].append(r)
         return result
@@ -226,7 +232,7 @@ def _device_name(device):
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
-def table(r):
+def table(r: dict[str, Any]) -> str:
     gb, gb16 = r["bytes"] / 1e9, r["bytes_bf16"] / 1e9
 
     def row(what, tsnap_s, floor_s, floor_what, gbytes, target=None):
@@ -252,11 +258,11 @@ def table(r):
             "read into pinned + H2D, cold", gb),
     ]
     for loop in r["loop"]:
-        lines.append(_bench_loop.report(loop))
+        lines.append(_loop.report(loop))
     return "\n".join(lines)
 
 
-def main(args):
+def main(args: argparse.Namespace) -> dict[str, Any] | None:
     """Runs the benchmark and prints its table; returns the figures, or None without a GPU."""
     if not torch.cuda.is_available():
         print(f"tsnap.bench --cuda: no CUDA device is available here (torch {torch.__version__}, "

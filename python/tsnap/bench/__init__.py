@@ -14,9 +14,11 @@ process (so its memory is its own) and saves the state ``--repeat`` times:
            (posix_fadvise DONTNEED), so every method reads from the disk
 
 Medians over the repeats (the first save included); ``--json`` writes every figure.
-``--loop`` measures a training loop's step-time overhead (tsnap/_bench_loop.py), ``--cuda`` the
-state on a GPU against pinned copies of the same bytes (tsnap/_bench_cuda.py).
+``--loop`` measures a training loop's step-time overhead (tsnap/bench/_loop.py), ``--cuda`` the
+state on a GPU against pinned copies of the same bytes (tsnap/bench/_cuda.py).
 """
+
+from __future__ import annotations
 
 import argparse
 import gc
@@ -29,8 +31,13 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Sequence
+from typing import Any
 
 import torch
+
+# Parameter name -> shape.
+Shapes = dict[str, tuple[int, ...]]
 
 METHODS = {
     "torch.save": "torch.save + fsync",
@@ -43,9 +50,9 @@ METHODS = {
 }
 
 
-def gpt2_shapes(vocab, d, layers, positions=1024):
+def gpt2_shapes(vocab: int, d: int, layers: int, positions: int = 1024) -> Shapes:
     """Parameter name -> shape of a GPT-2 shaped model (GPT-2 small: 50257, 768, 12)."""
-    shapes = {"wte.weight": (vocab, d), "wpe.weight": (positions, d)}
+    shapes: Shapes = {"wte.weight": (vocab, d), "wpe.weight": (positions, d)}
     for i in range(layers):
         p = f"h.{i}."
         shapes.update({p + "ln_1.weight": (d,), p + "ln_1.bias": (d,),
@@ -58,7 +65,7 @@ def gpt2_shapes(vocab, d, layers, positions=1024):
     return shapes
 
 
-def state_of(shapes, seed=0):
+def state_of(shapes: Shapes, seed: int = 0) -> dict[str, Any]:
     """The model state and Adam state (both moments, a step) of these shapes, fp32, random."""
     g = torch.Generator().manual_seed(seed)
     model = {k: torch.rand(s, generator=g) for k, s in shapes.items()}
@@ -67,7 +74,7 @@ def state_of(shapes, seed=0):
     return {"model": model, "optim": {"state": optim}}
 
 
-def make_state(size_mb, seed=0):
+def make_state(size_mb: float, seed: int = 0) -> dict[str, Any]:
     """A GPT-2 shaped model state and Adam state (named), fp32, about size_mb MB in all."""
     params_bytes = size_mb * 1e6 / 3  # parameters + exp_avg + exp_avg_sq
     d = 768
@@ -79,18 +86,18 @@ def make_state(size_mb, seed=0):
     return state_of(gpt2_shapes(vocab, d, layers), seed)
 
 
-def tensors_of(state):
-    out = []
+def tensors_of(state: dict[str, Any]) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
     for v in state.values():
         out.extend(tensors_of(v) if isinstance(v, dict) else [v])
     return out
 
 
-def state_bytes(state):
+def state_bytes(state: dict[str, Any]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors_of(state))
 
 
-def proc_status(field):
+def proc_status(field: str) -> int:
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith(field + ":"):
@@ -98,7 +105,7 @@ def proc_status(field):
     return 0
 
 
-def reset_peak_rss():
+def reset_peak_rss() -> None:
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
@@ -106,7 +113,7 @@ def reset_peak_rss():
         pass
 
 
-def drop_page_cache(path):
+def drop_page_cache(path: str) -> None:
     """Drops the cached pages of every file under path (so the next read is from the disk)."""
     files = [path] if os.path.isfile(path) else [
         os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs]
@@ -119,7 +126,7 @@ def drop_page_cache(path):
             os.close(fd)
 
 
-def wait_dcp_async(result, t0):
+def wait_dcp_async(result: Any, t0: float) -> float:
     """Waits for a DCP ``async_save`` result; returns its stall: the time from ``t0`` until
     the state may change (with a stager staging in the background, until its staging is
     done; else until the call returned)."""
@@ -133,7 +140,7 @@ def wait_dcp_async(result, t0):
     return stall
 
 
-def fsync_dir(path):
+def fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -142,20 +149,28 @@ def fsync_dir(path):
 
 
 class Method:
-    """One way to save; save() returns (stall_s, durable_s); load(path) loads in place."""
+    """One way to save; save() returns (stall_s, durable_s, path); load(path) loads in place."""
 
-    def __init__(self, name, state, workdir):
+    engine: str | None = None
+
+    def __init__(self, name: str, state: dict[str, Any], workdir: str) -> None:
         self.name, self.state, self.workdir = name, state, workdir
 
-    def path(self, i):
+    def path(self, i: int) -> str:
         return os.path.join(self.workdir, f"{self.name}-{i}")
 
-    def close(self):
+    def save(self, i: int) -> tuple[float, float, str]:
+        raise NotImplementedError
+
+    def load(self, path: str) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
         pass
 
 
 class TorchSave(Method):
-    def save(self, i):
+    def save(self, i: int) -> tuple[float, float, str]:
         path = self.path(i) + ".pt"
         t0 = time.perf_counter()
         with open(path, "wb") as f:
@@ -166,35 +181,35 @@ class TorchSave(Method):
         total = time.perf_counter() - t0
         return total, total, path
 
-    def load(self, path):
+    def load(self, path: str) -> None:
         loaded = torch.load(path, weights_only=True)
         for dst, src in zip(tensors_of(self.state), tensors_of(loaded)):
             dst.copy_(src)
 
 
 class DcpSave(Method):
-    def __init__(self, name, state, workdir):
+    def __init__(self, name: str, state: dict[str, Any], workdir: str) -> None:
         super().__init__(name, state, workdir)
         import torch.distributed.checkpoint as dcp
         self.dcp = dcp
 
-    def save(self, i):
+    def save(self, i: int) -> tuple[float, float, str]:
         path = self.path(i)
         t0 = time.perf_counter()
         self.dcp.save(self.state, checkpoint_id=path, no_dist=True)
         total = time.perf_counter() - t0
         return total, total, path
 
-    def load(self, path):
+    def load(self, path: str) -> None:
         self.dcp.load(self.state, checkpoint_id=path, no_dist=True)
 
 
 class DcpAsync(DcpSave):
-    def __init__(self, name, state, workdir):
+    def __init__(self, name: str, state: dict[str, Any], workdir: str) -> None:
         super().__init__(name, state, workdir)
         from torch.distributed.checkpoint import staging
-        self.kwargs = {}
-        self.stager = None
+        self.kwargs: dict[str, Any] = {}
+        self.stager: Any = None
         if name == "dcp.async.stager":
             # The reusable pinned stager (pinned memory needs CUDA: off on a CPU-only machine).
             pinned = torch.cuda.is_available()
@@ -203,7 +218,7 @@ class DcpAsync(DcpSave):
                 use_non_blocking_copy=pinned))
             self.kwargs["async_stager"] = self.stager
 
-    def save(self, i):
+    def save(self, i: int) -> tuple[float, float, str]:
         path = self.path(i)
         kwargs = dict(self.kwargs)
         if self.name == "dcp.async.cached":
@@ -213,21 +228,20 @@ class DcpAsync(DcpSave):
         stall = wait_dcp_async(result, t0)
         return stall, time.perf_counter() - t0, path
 
-    def close(self):
+    def close(self) -> None:
         if self.stager is not None:
             self.stager.close()
 
 
 class Tsnap(Method):
-    def __init__(self, name, state, workdir):
+    def __init__(self, name: str, state: dict[str, Any], workdir: str) -> None:
         super().__init__(name, state, workdir)
         import tsnap
         self.tsnap = tsnap
         self.snap = tsnap.Snapshotter(workdir)
         self.dtype = torch.bfloat16 if name == "tsnap.bf16" else None
-        self.engine = None
 
-    def save(self, i):
+    def save(self, i: int) -> tuple[float, float, str]:
         name = f"{self.name}-{i}"
         t0 = time.perf_counter()
         h = self.snap.save_async(name, self.state, dtype=self.dtype)
@@ -237,26 +251,27 @@ class Tsnap(Method):
         self.engine = h.stats.engine + ("+O_DIRECT" if h.stats.direct else "")
         return stall, total, h.path
 
-    def load(self, path):
+    def load(self, path: str) -> None:
         self.tsnap.load_into(path, self.state)
 
-    def close(self):
+    def close(self) -> None:
         self.snap.close()
 
 
-CLASSES = {"torch.save": TorchSave, "dcp.save": DcpSave, "dcp.async": DcpAsync,
-           "dcp.async.cached": DcpAsync, "dcp.async.stager": DcpAsync, "tsnap": Tsnap,
-           "tsnap.bf16": Tsnap}
+CLASSES: dict[str, type[Method]] = {
+    "torch.save": TorchSave, "dcp.save": DcpSave, "dcp.async": DcpAsync,
+    "dcp.async.cached": DcpAsync, "dcp.async.stager": DcpAsync, "tsnap": Tsnap,
+    "tsnap.bf16": Tsnap}
 
 
-def remove(path):
+def remove(path: str) -> None:
     if os.path.isdir(path):
         shutil.rmtree(path)
     elif os.path.exists(path):
         os.remove(path)
 
 
-def run_worker(method, size_mb, repeat, workdir):
+def run_worker(method: str, size_mb: float, repeat: int, workdir: str) -> dict[str, Any]:
     warnings.simplefilter("ignore")
     state = make_state(size_mb)
     nbytes = state_bytes(state)
@@ -264,8 +279,10 @@ def run_worker(method, size_mb, repeat, workdir):
     rss_base = proc_status("VmRSS")
     reset_peak_rss()
     m = CLASSES[method](method, state, workdir)
-    stalls, totals, rss = [], [], []
-    last = None
+    stalls: list[float] = []
+    totals: list[float] = []
+    rss: list[int] = []
+    last: str | None = None
     for i in range(repeat):
         stall, total, path = m.save(i)
         stalls.append(stall)
@@ -274,6 +291,8 @@ def run_worker(method, size_mb, repeat, workdir):
         if last is not None:
             remove(last)
         last = path
+    if last is None:
+        raise ValueError("tsnap.bench: --repeat must be at least 1")
     peak = proc_status("VmHWM")
     drop_page_cache(last)
     t0 = time.perf_counter()
@@ -287,7 +306,7 @@ def run_worker(method, size_mb, repeat, workdir):
             "engine": getattr(m, "engine", None), "torch": torch.__version__}
 
 
-def summarize(r):
+def summarize(r: dict[str, Any]) -> dict[str, float]:
     med = statistics.median
     return {"stall_s": med(r["stall_s"]), "durable_s": med(r["durable_s"]),
             "gbps": r["bytes"] / med(r["durable_s"]) / 1e9,
@@ -295,7 +314,7 @@ def summarize(r):
             "peak_mb": (r["rss_peak"] - r["rss_base"]) / 1e6, "load_s": r["load_s"]}
 
 
-def table(results):
+def table(results: list[dict[str, Any]]) -> str:
     lines = ["| method | stall s | durable s | GB/s | RSS growth MB (save 1 -> last) | "
              "peak extra RSS MB | load s |", "|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
@@ -309,10 +328,12 @@ def table(results):
     return "\n".join(lines)
 
 
-def main(argv=None):
-    from . import _bench_dist
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m tsnap.bench``: parses ``argv`` (default: the command line's arguments), runs
+    the benchmark it names and prints its table; returns the exit status (0)."""
+    from . import _dist
     p = argparse.ArgumentParser(prog="python -m tsnap.bench",
-                                description=__doc__ + "\n" + _bench_dist.__doc__,
+                                description=__doc__ + "\n" + _dist.__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size-mb", type=int, default=256, help="state size in MB (default 256)")
     p.add_argument("--repeat", "--reps", type=int, default=None,
@@ -336,11 +357,11 @@ def main(argv=None):
     default = [m for m in METHODS if m != "dcp.async.cached" or torch.cuda.is_available()]
     p.add_argument("--methods", default=None,
                    help=f"comma-separated, of: {', '.join(METHODS)} (default: "
-                   f"{','.join(default)}); with --ranks, of: {', '.join(_bench_dist.METHODS)} "
-                   f"(default: {','.join(_bench_dist.default_methods())})")
+                   f"{','.join(default)}); with --ranks, of: {', '.join(_dist.METHODS)} "
+                   f"(default: {','.join(_dist.default_methods())})")
     p.add_argument("--loop", action="store_true",
                    help="measure what periodic snapshots cost a training loop (paired blocks "
-                   "with and without a snapshot; see tsnap/_bench_loop.py); with --size-mb, "
+                   "with and without a snapshot; see tsnap/bench/_loop.py); with --size-mb, "
                    "--pairs, --block")
     p.add_argument("--pairs", type=int, default=None,
                    help="with --loop: block pairs (default 30); with --cuda: 10")
@@ -351,7 +372,7 @@ def main(argv=None):
                    "no-snapshot floor); default: all three")
     p.add_argument("--cuda", action="store_true",
                    help="the state on the GPU: stall, durable and load_into against the pinned "
-                   "copies of the same bytes, and a GPU training loop (tsnap/_bench_cuda.py); "
+                   "copies of the same bytes, and a GPU training loop (tsnap/bench/_cuda.py); "
                    "with --scale, --repeat (default 5), --pairs, --block, --loop-mb, "
                    "--loop-batch, --no-loop. Without a GPU it says so and exits with 0")
     p.add_argument("--loop-mb", type=int, default=1500,
@@ -365,27 +386,27 @@ def main(argv=None):
     args = p.parse_args(argv)
 
     if args.cuda:
-        from . import _bench_cuda
+        from . import _cuda
         if not 0 < args.scale <= 1:
             p.error("--scale must be in (0, 1]")
         args.pairs = args.pairs or 10
-        results = _bench_cuda.main(args)
-        if args.json and results is not None:
+        figures = _cuda.main(args)
+        if args.json and figures is not None:
             with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
+                json.dump(figures, f, indent=1)
         return 0
     if args.loop:
-        from . import _bench_loop
+        from . import _loop
         args.pairs = args.pairs or 30
         args.block = args.block or 20
         args.stagings = [x for x in args.stagings.split(",") if x]
         unknown = set(args.stagings) - {"eager", "lazy", "copy"}
         if unknown or not args.stagings:
             p.error(f"--stagings takes eager, lazy and copy, not {','.join(sorted(unknown))}")
-        results = _bench_loop.main(args)
+        runs = _loop.main(args)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
+                json.dump(runs, f, indent=1)
         return 0
     if args.ranks:
         if args.ranks < 2:
@@ -394,14 +415,14 @@ def main(argv=None):
             p.error("--scale must be in (0, 1]")
         args.repeat = args.repeat or 3
         args.layouts = [x for x in args.layouts.split(",") if x]
-        methods = (args.methods.split(",") if args.methods else _bench_dist.default_methods())
+        methods = (args.methods.split(",") if args.methods else _dist.default_methods())
         for name in args.layouts:
-            if name not in _bench_dist.LAYOUTS:
+            if name not in _dist.LAYOUTS:
                 p.error(f"unknown layout '{name}'")
         for m in methods:
-            if m not in _bench_dist.METHODS:
+            if m not in _dist.METHODS:
                 p.error(f"unknown method '{m}' for --ranks")
-        report = _bench_dist.run(args, methods)
+        report = _dist.run(args, methods)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(report, f, indent=1)
@@ -417,7 +438,7 @@ def main(argv=None):
             p.error(f"unknown method '{m}'")
     os.makedirs(args.dir or ".", exist_ok=True)
     top = tempfile.mkdtemp(prefix="tsnap-bench-", dir=args.dir or ".")
-    results = []
+    results: list[dict[str, Any]] = []
     try:
         for m in methods:
             workdir = os.path.join(top, m)
@@ -444,6 +465,3 @@ def main(argv=None):
             json.dump(results, f, indent=1)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

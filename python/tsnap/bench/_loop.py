@@ -2,7 +2,7 @@
 that a noisy machine can still decide it.
 
 A small MLP trains on the CPU (Adam; the parameters and moments are about ``--size-mb`` MB);
-``python -m tsnap.bench --cuda`` runs the same on the GPU (tsnap/_bench_cuda.py), where each
+``python -m tsnap.bench --cuda`` runs the same on the GPU (tsnap/bench/_cuda.py), where each
 block's time is taken after a ``torch.cuda.synchronize()``.
 The run alternates blocks of ``--block`` steps with and without one snapshot (the order of the
 two within each of ``--pairs`` pairs is random): a block with a snapshot starts a
@@ -13,15 +13,18 @@ times, with/without: its median, and a bootstrap 95 % interval of that median (2
 resamples of the pairs). The same for the process's CPU time (every thread), and for the CPU
 time of tsnap's own threads (named ``tsnap-*``, and the kernel's io_uring workers of their rings;
 read from ``/proc/self/task``, Linux), taken from the block's start to the snapshot's commit:
-what one snapshot costs a busy host beyond the stall, which the caller's thread spends. The process's
-figure moves with the training's own threads (LibTorch's intra-op threads spin while they wait);
-tsnap's threads' figure does not. The eager target is ``stall / block time + 1 %``; the lazy one 1 %. A third
-run, ``copy``, takes no snapshot: a thread copies the state into buffers made beforehand
-(``Tensor.copy_``, which may use LibTorch's intra-op threads) and the next ``optimizer.step()``
-waits for it, so its overhead is the floor of any snapshot that copies the state in the
-background, before a byte is written.
+what one snapshot costs a busy host beyond the stall, which the caller's thread spends. The
+process's figure moves with the training's own threads (LibTorch's intra-op threads spin while
+they wait); tsnap's threads' figure does not. The eager target is ``stall / block time + 1 %``;
+the lazy one 1 %. A third run, ``copy``, takes no snapshot: a thread copies the state into
+buffers made beforehand (``Tensor.copy_``, which may use LibTorch's intra-op threads) and the
+next ``optimizer.step()`` waits for it, so its overhead is the floor of any snapshot that
+copies the state in the background, before a byte is written.
 """
 
+from __future__ import annotations
+
+import argparse
 import os
 import random
 import shutil
@@ -29,6 +32,7 @@ import statistics
 import tempfile
 import threading
 import time
+from typing import Any
 
 import torch
 
@@ -73,7 +77,10 @@ def cpu_between(before, after):
     return sum(v - before.get(t, 0) for t, v in after.items()) / 1e9
 
 
-def run(size_mb, pairs, block, staging, workdir, seed=0, device="cpu", batch=64):
+def run(size_mb: float, pairs: int, block: int, staging: str, workdir: str, seed: int = 0,
+        device: str | torch.device = "cpu", batch: int = 64) -> dict[str, Any]:
+    """One run of ``pairs`` block pairs with ``staging`` ('eager', 'lazy' or 'copy'); returns
+    its figures (as ``report`` prints them)."""
     import tsnap
     torch.manual_seed(seed)
     device = torch.device(device)
@@ -97,6 +104,7 @@ def run(size_mb, pairs, block, staging, workdir, seed=0, device="cpu", batch=64)
     for _ in range(3):  # the optimizer's moments exist from here on
         step()
     state = {"model": model.state_dict(), "optim": opt.state_dict()}
+    snap: Any
     if staging == "copy":
         snap = _BackgroundCopy(state)
     else:
@@ -105,9 +113,9 @@ def run(size_mb, pairs, block, staging, workdir, seed=0, device="cpu", batch=64)
         snap.save_async("warm-up", state, staging=staging).wait()
     sync()
     rng = random.Random(seed)
-    wall = {False: [], True: []}
-    cpu = {False: [], True: []}
-    own = {False: [], True: []}  # tsnap's threads
+    wall: dict[bool, list[float]] = {False: [], True: []}
+    cpu: dict[bool, list[float]] = {False: [], True: []}
+    own: dict[bool, list[float]] = {False: [], True: []}  # tsnap's threads
     stalls = []
     n = 0
     for _ in range(pairs):
@@ -201,7 +209,7 @@ class _BackgroundCopy:
         self._pairs = []
 
 
-def report(r):
+def report(r: dict[str, Any]) -> str:
     lo, hi = r["overhead_ci"]
     clo, chi = r["cpu_ci"]
     if r["target"] is None:
@@ -223,7 +231,7 @@ def report(r):
         f"(95 % CI {r['tsnap_cpu_ci'][0]:.3f} .. {r['tsnap_cpu_ci'][1]:.3f})"]))
 
 
-def main(args):
+def main(args: argparse.Namespace) -> list[dict[str, Any]]:
     workdir = args.dir or tempfile.mkdtemp(prefix="tsnap-loop-")
     os.makedirs(workdir, exist_ok=True)
     results = []

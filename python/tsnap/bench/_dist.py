@@ -37,6 +37,9 @@ cache of its files dropped first, and compared bitwise with the saved state; its
 slowest rank's, its GB/s the bytes loaded into all the ranks' tensors / that time.
 """
 
+from __future__ import annotations
+
+import argparse
 import datetime
 import gc
 import json
@@ -51,10 +54,12 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from . import bench
+from .. import bench
 
 LAYOUTS = {"replicated": "replicated (DDP)", "sharded": "row-sharded (DTensor Shard(0))"}
 
@@ -71,7 +76,7 @@ NEEDS_CUDA = ("dcp.async.cached", "dcp.async.pinned")
 ASYNC_DCP = [m for m in METHODS if m.startswith("dcp.async")]
 
 
-def default_methods():
+def default_methods() -> list[str]:
     return [m for m in METHODS if m not in NEEDS_CUDA or torch.cuda.is_available()]
 
 
@@ -261,7 +266,7 @@ def save_job(cfg, dist, rank, world):
     out = {"rank": rank, "stall_s": stalls, "durable_s": durables, "written": written,
            "held": nbytes(held), "global_bytes": global_bytes, "memcpy_held_s": floor_held,
            "memcpy_written_s": floor_written, "path": last, "engine": m.engine}
-    if method == "tsnap":
+    if isinstance(m, Tsnap):
         out["stage_threads"] = m.stage_threads
         out["tsnap_stats"] = m.stats
         out["prepare_s"] = m.prepare_s
@@ -314,7 +319,7 @@ def launch(world, cfg, outdir, timeout):
                    LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "tsnap._bench_dist", cfg_path], env=env,
+            [sys.executable, "-m", "tsnap.bench._dist", cfg_path], env=env,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     deadline, failed_at = time.monotonic() + timeout, None
     while any(p.poll() is None for p in procs):
@@ -399,7 +404,7 @@ def table(rows):
     return "\n".join(lines)
 
 
-def run(args, methods):
+def run(args: argparse.Namespace, methods: list[str]) -> dict[str, Any]:
     """The launcher: every layout and method, then the restores; prints and returns the
     report (a dict, as --json writes it)."""
     world = args.ranks
@@ -520,7 +525,7 @@ def run(args, methods):
             "durable_ratio_dcp_async_over_tsnap": ratios}
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     """A rank: runs the jobs of the config file it is given; prints their results (JSON)."""
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
