@@ -5,7 +5,7 @@
 #   1. the C++ `cuda` suite (tests/cuda: save_async of device tensors, load_into device tensors)
 #   2. the Python module tsnap._C (same build tree), and pytest: python/tests/test_cuda.py and
 #      test_bench_cuda.py
-#   3. the GPU benchmark, `python -m tsnap.bench --cuda` (tsnap/_bench_cuda.py): stall of
+#   3. the GPU benchmark, `python -m tsnap.bench --cuda` (tsnap/bench/_cuda.py): stall of
 #      GPT-2 small + Adam on the GPU against a pinned cudaMemcpyAsync of the same bytes (target
 #      <= 1.1x), durable, load_into GPU tensors against a raw read + H2D, a training loop's
 #      step-time overhead with a snapshot every --block steps
@@ -213,7 +213,7 @@ pkg=/tmp/tsnap-py
 if compgen -G "$build/python/_C*.so" >/dev/null; then
   rm -rf "$pkg"
   mkdir -p "$pkg/tsnap"
-  cp python/tsnap/*.py "$pkg/tsnap/"
+  cp -R python/tsnap/. "$pkg/tsnap/"  # with its subpackage (tsnap/bench/)
   cp "$build"/python/_C*.so "$build/python/_build_info.py" "$pkg/tsnap/"
   export PYTHONPATH="$pkg${PYTHONPATH:+:$PYTHONPATH}"
   run_stage "pytest (cuda, bench --cuda)" 200 bash -c "set -o pipefail; '$py' -m pytest \

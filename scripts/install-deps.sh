@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what tsnap needs to build, test, run its example and plot its benchmarks:
 #  - Debian 12 packages (TBB, Boost, liburing, xxHash, nlohmann-json, CLI11, GoogleTest, Google
-#    Benchmark, CMake, Ninja, g++, ccache, gnuplot, Python's venv; clang 14 and its sanitizer and
+#    Benchmark, CMake, Ninja, g++, ccache, gnuplot, Python's venv; clang 14, clang-format and
+#    clang-tidy (scripts/check-style.sh) and its sanitizer and
 #    libFuzzer runtimes for scripts/sanitize.sh and scripts/fuzz.sh; Gloo's headers, which
 #    LibTorch's ProcessGroupGloo header needs and neither LibTorch ships, for the distributed
 #    tests and example; libcurl and OpenSSL for the S3 client);
@@ -26,6 +27,7 @@ esac
 
 packages=(
   cmake ninja-build g++ pkg-config ccache python3 python3-venv gnuplot-nox clang-14 libclang-rt-14-dev
+  clang-format-14 clang-tidy-14
   libboost-dev libtbb-dev liburing-dev libgtest-dev nlohmann-json3-dev
   libxxhash-dev libcli11-dev libbenchmark-dev libgloo-dev libcurl4-openssl-dev libssl-dev
 )

@@ -5,7 +5,8 @@
 # consumer's find_package(Torch)). It then moves the prefix to another directory, removing the
 # original, and configures consumer/ against the moved prefix only, as a LibTorch user would:
 # find_package(tsnap) then find_package(Torch), LibTorch named by CMAKE_PREFIX_PATH, no C++
-# standard set. That configure must not look for a CUDA toolkit (find_package(CUDA) and
+# standard set. The installed library and the torch-free tool have no RUNPATH and no debug
+# information (outside Debug builds). That configure must not look for a CUDA toolkit (find_package(CUDA) and
 # find_package(CUDAToolkit) are disabled, as on a machine without nvcc, where a CUDA LibTorch's
 # own config stops) and must print no warning about unsafe runtime or linker search paths. The
 # consumer is built, saves and loads a snapshot, and the moved `tsnap --version` runs when the
@@ -46,6 +47,30 @@ foreach(export ${exports})
   file(STRINGS ${export} absolute REGEX "[\";]/[^\";]")
   if(absolute)
     message(FATAL_ERROR "packaging: ${export} names absolute paths:\n${absolute}")
+  endif()
+endforeach()
+
+# The installed library and the torch-free tool name no build-machine path in their RUNPATH
+# (readelf -d), and a build that is not Debug installs them stripped (no .debug_info).
+load_cache(${BINARY_DIR} READ_WITH_PREFIX cache_ CMAKE_BUILD_TYPE)
+file(GLOB installed_lib ${prefix}/lib*/libtsnap.so.*.*.*)
+set(checked ${installed_lib})
+if(EXISTS ${prefix}/bin/tsnap)
+  list(APPEND checked ${prefix}/bin/tsnap)
+endif()
+foreach(file ${checked})
+  execute_process(COMMAND readelf -d ${file} OUTPUT_VARIABLE dynamic RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "packaging: readelf -d ${file} failed")
+  endif()
+  if(dynamic MATCHES "R(UN)?PATH[^\n]*\\[([^]]*)\\]")
+    message(FATAL_ERROR "packaging: ${file} has a RUNPATH: ${CMAKE_MATCH_2}")
+  endif()
+  if(NOT cache_CMAKE_BUILD_TYPE STREQUAL "Debug")
+    execute_process(COMMAND readelf -S ${file} OUTPUT_VARIABLE sections)
+    if(sections MATCHES "\\.debug_info")
+      message(FATAL_ERROR "packaging: ${file} was installed with its debug information")
+    endif()
   endif()
 endforeach()
 
