@@ -58,7 +58,8 @@ struct TSNAP_API HfExportResult {
 /// `{"__metadata__": {"format": "pt"}}`. Keys are split over files in key order. The snapshot
 /// is read with tsnap::load (every chunk verified, distributed pieces assembled) and held in
 /// memory once; or, where `link` allows, its shard files are verified and hard-linked, keeping
-/// tsnap's split (and its `__metadata__`, which also has "format": "pt"). The files are written into a temporary directory next to `out`
+/// tsnap's split (and its `__metadata__`, which also has "format": "pt"). The files are written
+/// into a temporary directory next to `out`
 /// (".<out name>.hf-tmp-<id>"), each fsynced, and the directory is renamed to `out` at the end,
 /// so `out` never exists half-written.
 /// Errors: those of tsnap::load; Error(kAlreadyExists) when `out` exists and not overwrite;

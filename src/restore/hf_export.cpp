@@ -16,6 +16,7 @@
 
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -286,12 +288,96 @@ void check_intact(const fs::path& snapshot) {
   const std::vector<BadChunk> bad = verify(snapshot);
   if (bad.empty()) return;
   const BadChunk& b = bad.front();
-  throw_error(ErrorCode::kHashMismatch,
-              "snapshot " + snapshot.string() + " fails verification: " + b.file + " chunk " +
-                  std::to_string(b.chunk) + " at offset " + std::to_string(b.offset) + ": " +
-                  b.problem + (bad.size() > 1 ? " (and " + std::to_string(bad.size() - 1) +
-                                                    " more bad chunks)"
-                                              : ""));
+  throw_error(
+      ErrorCode::kHashMismatch,
+      "snapshot " + snapshot.string() + " fails verification: " + b.file + " chunk " +
+          std::to_string(b.chunk) + " at offset " + std::to_string(b.offset) + ": " + b.problem +
+          (bad.size() > 1 ? " (and " + std::to_string(bad.size() - 1) + " more bad chunks)" : ""));
+}
+
+// The identity (device, inode) of `path` (followed), or nullopt when it cannot be stat'ed.
+std::optional<std::pair<dev_t, ino_t>> identity(const fs::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return std::make_pair(st.st_dev, st.st_ino);
+}
+
+// The identities of `path` and of each directory above it, nearest first; a `path` that does
+// not exist starts at its nearest existing ancestor.
+std::vector<std::pair<dev_t, ino_t>> identity_chain(const fs::path& path) {
+  std::vector<std::pair<dev_t, ino_t>> chain;
+  fs::path p = fs::absolute(path).lexically_normal();
+  while (true) {
+    if (auto id = identity(p)) chain.push_back(*id);
+    if (!p.has_relative_path()) break;  // the root
+    p = p.parent_path();
+  }
+  return chain;
+}
+
+// Replacing the output must never remove the input: refuses an output that is the snapshot,
+// lies inside it or holds it, compared by directory identity (device and inode), so that a
+// path through a bind mount or a symbolic link is caught as well as the plain one.
+void check_output_apart(const fs::path& snapshot, const fs::path& target) {
+  const auto in = identity(snapshot);
+  if (!in) return;  // no snapshot there: reading it fails with the reader's error
+  const std::vector<std::pair<dev_t, ino_t>> out_chain = identity_chain(target);
+  const std::vector<std::pair<dev_t, ino_t>> in_chain = identity_chain(snapshot);
+  const auto out = identity(target);
+  const bool inside = std::find(out_chain.begin(), out_chain.end(), *in) != out_chain.end();
+  const bool holds = out && std::find(in_chain.begin(), in_chain.end(), *out) != in_chain.end();
+  if (inside || holds) {
+    throw_error(ErrorCode::kInvalidArgument,
+                "the output " + target.string() + " is, lies inside or holds the snapshot " +
+                    snapshot.string() + ": choose an output outside it");
+  }
+}
+
+// Whether `name` is a file an export writes.
+bool exported_name(const std::string& name) {
+  if (name == "model.safetensors" || name == "model.safetensors.index.json") return true;
+  // model-<5 digits>-of-<5 digits>.safetensors (hf_name)
+  const auto digits = [&](size_t at) {
+    return std::all_of(name.begin() + at, name.begin() + at + 5,
+                       [](char c) { return c >= '0' && c <= '9'; });
+  };
+  return name.size() == 32 && name.compare(0, 6, "model-") == 0 && digits(6) &&
+         name.compare(11, 4, "-of-") == 0 && digits(15) &&
+         name.compare(20, 12, ".safetensors") == 0;
+}
+
+// An existing output may be replaced only when it is an empty directory, an earlier export
+// (nothing but the files an export writes) or a snapshot (a manifest that reads); never a
+// file or a directory with the user's files in it.
+void check_output_replaceable(const fs::path& target) {
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(target, ec);
+  const std::string refuse =
+      ": overwrite replaces only an empty directory, an earlier export "
+      "or a snapshot; remove it or choose another output";
+  if (!fs::is_directory(st)) {
+    throw_error(ErrorCode::kAlreadyExists,
+                target.string() + " exists and is " +
+                    (fs::is_symlink(st) ? "a symbolic link" : "not a directory") + refuse);
+  }
+  if (fs::exists(target / kManifestName, ec)) {
+    try {
+      (void)read_manifest(target);
+      return;
+    } catch (const Error& e) {
+      throw_error(ErrorCode::kAlreadyExists, target.string() +
+                                                 " holds a MANIFEST.json that does not read (" +
+                                                 e.what() + ")" + refuse);
+    }
+  }
+  for (const fs::directory_entry& e : fs::directory_iterator(target, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!exported_name(name) || !e.is_regular_file(ec) || e.is_symlink(ec)) {
+      throw_error(ErrorCode::kAlreadyExists, target.string() + " holds '" + name +
+                                                 "', which an export does not write" + refuse);
+    }
+  }
+  if (ec) detail::throw_sys_error(-ec.value(), "list " + target.string());
 }
 
 }  // namespace
@@ -307,28 +393,14 @@ HfExportResult export_hf(const fs::path& snapshot, const fs::path& out,
     throw_error(ErrorCode::kInvalidArgument, "max_shard_size must be positive");
   }
   const fs::path target = out.has_filename() ? out : out.parent_path();
+  check_output_apart(snapshot, target);
   std::error_code ec;
-  // Replacing the output must never remove the input: refuse an output that is the snapshot,
-  // lies inside it, or holds it.
-  const fs::path in_path = fs::weakly_canonical(fs::absolute(snapshot), ec);
-  const fs::path out_path = fs::weakly_canonical(fs::absolute(target), ec);
-  const auto within = [](const fs::path& inner, const fs::path& outer) {
-    auto o = outer.begin(), i = inner.begin();
-    for (; o != outer.end() && !o->empty(); ++o, ++i) {
-      if (i == inner.end() || *i != *o) return false;
-    }
-    return true;
-  };
-  if (within(out_path, in_path) || within(in_path, out_path)) {
-    throw_error(ErrorCode::kInvalidArgument,
-                "the output " + target.string() + " is, lies inside or holds the snapshot " +
-                    snapshot.string() + ": choose an output outside it");
-  }
   const bool exists = fs::exists(fs::symlink_status(target, ec));
   if (exists && !options.overwrite) {
     throw_error(ErrorCode::kAlreadyExists,
                 target.string() + " already exists; pass overwrite (--overwrite) to replace it");
   }
+  if (exists) check_output_replaceable(target);
 
   const Manifest manifest = read_manifest(snapshot);
   std::vector<std::string> keys;
@@ -346,14 +418,14 @@ HfExportResult export_hf(const fs::path& snapshot, const fs::path& out,
     if (all_under_objects && objects.size() > 1) {
       std::string list;
       for (const std::string& o : objects) list += (list.empty() ? "" : ", ") + o;
-      throw_error(ErrorCode::kInvalidArgument,
-                  "snapshot " + snapshot.string() + " is a checkpoint of " +
-                      std::to_string(objects.size()) + " objects (" + list +
-                      "), not one model: choose the one to export with object (--object " +
-                      (std::binary_search(objects.begin(), objects.end(), "model")
-                           ? std::string("model")
-                           : objects.front()) +
-                      ")");
+      throw_error(
+          ErrorCode::kInvalidArgument,
+          "snapshot " + snapshot.string() + " is a checkpoint of " +
+              std::to_string(objects.size()) + " objects (" + list +
+              "), not one model: choose the one to export with object (--object " +
+              (std::binary_search(objects.begin(), objects.end(), "model") ? std::string("model")
+                                                                           : objects.front()) +
+              ")");
     }
   }
   const bool link = linkable(manifest, options);

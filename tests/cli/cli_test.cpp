@@ -102,6 +102,54 @@ TEST_F(Cli, ExportHfOneObjectAsBf16) {
   EXPECT_EQ(tsnap_cli("export --hf x " + quoted(snap()) + " --dtype i8").status, 2);
 }
 
+// `export --overwrite` never destroys what is not an export: a directory of the user's files or
+// a file stays as it was, and the tool says why.
+TEST_F(Cli, ExportOverwriteKeepsTheUsersFiles) {
+  fs::create_directories(dir_.path() / "mine");
+  std::ofstream(dir_.path() / "mine" / "notes.txt") << "my notes";
+  std::ofstream(dir_.path() / "file.txt") << "a file";
+  for (const char* out : {"mine", "file.txt"}) {
+    const ToolRun run = tsnap_cli("export --hf " + quoted(dir_.path() / out) + " " +
+                                  quoted(snap()) + " --object model --overwrite");
+    EXPECT_EQ(run.status, 1) << run.output;
+    EXPECT_TRUE(has(run.output, "overwrite replaces only")) << run.output;
+  }
+  EXPECT_TRUE(fs::exists(dir_.path() / "mine" / "notes.txt"));
+  EXPECT_TRUE(fs::is_regular_file(dir_.path() / "file.txt"));
+}
+
+// Through a bind mount of the snapshot's parent (as containers mount volumes), the output
+// names the snapshot by another path: the export compares directories (device and inode), not
+// paths, and refuses. Runs the tool in a mount namespace of its own (unshare); skipped where
+// mounts are not allowed.
+TEST_F(Cli, ExportRefusesTheSnapshotReachedThroughABindMount) {
+  const fs::path mnt = dir_.path() / "mnt";
+  fs::create_directories(mnt);
+  save(root() / "bare", StateDict{{"w", at::ones({3})}});
+  const std::string cli = TSNAP_CLI_PATH;
+  const std::string script =
+      "mount --bind " + quoted(root()) + " " + quoted(mnt) + " || exit 77; for out in " +
+      quoted(mnt / "bare") + " " + quoted(mnt / "bare" / "hf") + " " + quoted(mnt) + "; do " + cli +
+      " export --hf \"$out\" " + quoted(root() / "bare") + " --overwrite && exit 1; done; exit 0";
+  std::string escaped;
+  for (char c : script) escaped += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  FILE* p =
+      ::popen(("unshare --mount --propagation private sh -c '" + escaped + "' 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string output;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) output.append(buf, n);
+  const int status = ::pclose(p);
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (code == 77 || (code != 0 && has(output, "unshare"))) {
+    GTEST_SKIP() << "bind mounts are not allowed here: " << output;
+  }
+  EXPECT_EQ(code, 0) << "an export through the bind mount replaced the snapshot: " << output;
+  EXPECT_TRUE(has(output, "choose an output outside it")) << output;
+  EXPECT_TRUE(verify(root() / "bare").empty());
+  EXPECT_TRUE(test_support::bitwise_equal(load(root() / "bare").at("w"), at::ones({3})));
+}
+
 TEST_F(Cli, CatAndDiffAddressAnObjectOfACheckpoint) {
   const ToolRun cat = tsnap_cli("cat " + quoted(snap()) + " fc1.bias --object model");
   EXPECT_EQ(cat.status, 0) << cat.output;

@@ -85,10 +85,9 @@ TEST(HfExport, LinksTheShardsWhenTheyServeAsTheyAre) {
   ASSERT_EQ(m.files.size(), 3u);
   const HfExportResult r = export_hf(dir / "snap", dir / "hf");
   EXPECT_TRUE(r.linked);
-  EXPECT_EQ(r.files, (std::vector<std::string>{"model-00001-of-00003.safetensors",
-                                               "model-00002-of-00003.safetensors",
-                                               "model-00003-of-00003.safetensors",
-                                               "model.safetensors.index.json"}));
+  EXPECT_EQ(r.files, (std::vector<std::string>{
+                         "model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
+                         "model-00003-of-00003.safetensors", "model.safetensors.index.json"}));
   EXPECT_EQ(r.tensors, state.size());
   const json index = json::parse(slurp(dir / "hf" / "model.safetensors.index.json"));
   EXPECT_EQ(index["metadata"]["total_size"], r.total_size);
@@ -258,6 +257,46 @@ TEST(HfExport, RefusesAnExistingOutputUnlessOverwrite) {
   EXPECT_EQ(read_file(dir / "hf" / "model.safetensors", nullptr).keys(),
             std::vector<std::string>{"v"});
   EXPECT_EQ(test_support::dir_entries(dir.path()), (std::vector<std::string>{"a", "b", "hf"}));
+}
+
+// --overwrite replaces only what an export may replace: never a user's files or a file.
+TEST(HfExport, OverwriteRefusesADirectoryOfUserFilesAndAFile) {
+  TempDir dir;
+  save(dir / "s", StateDict{{"w", at::ones({3})}});
+  fs::create_directories(dir / "mine");
+  std::ofstream(dir / "mine" / "notes.txt") << "my notes";
+  std::ofstream(dir / "mine" / "model.safetensors") << "not an export";  // beside notes.txt
+  std::ofstream(dir / "file.txt") << "a file";
+  for (const fs::path& out : {dir / "mine", dir / "file.txt"}) {
+    try {
+      export_hf(dir / "s", out, {.overwrite = true});
+      ADD_FAILURE() << "replaced " << out;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kAlreadyExists) << e.what();
+      EXPECT_NE(std::string(e.what()).find("overwrite replaces only"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(slurp(dir / "mine" / "notes.txt"), "my notes");
+  EXPECT_EQ(slurp(dir / "file.txt"), "a file");
+  EXPECT_EQ(test_support::dir_entries(dir.path()),
+            (std::vector<std::string>{"file.txt", "mine", "s"}));
+}
+
+// It does replace an empty directory, an earlier export (split into files too) and a snapshot.
+TEST(HfExport, OverwriteReplacesAnEmptyDirectoryAnEarlierExportAndASnapshot) {
+  TempDir dir;
+  save(dir / "s", StateDict{{"w", at::ones({3})}, {"v", at::zeros({1000})}});
+  save(dir / "old", StateDict{{"x", at::ones({2})}});
+  fs::create_directories(dir / "empty");
+  export_hf(dir / "s", dir / "split", {.max_shard_size = 100});
+  ASSERT_TRUE(fs::exists(dir / "split" / "model.safetensors.index.json"));
+  for (const char* out : {"empty", "split", "old"}) {
+    export_hf(dir / "s", dir / out, {.overwrite = true});
+    EXPECT_EQ(read_file(dir / out / "model.safetensors", nullptr).keys(),
+              (std::vector<std::string>{"v", "w"}))
+        << out;
+  }
 }
 
 }  // namespace
