@@ -34,6 +34,7 @@ enum class ErrorCode {
   kUnsupported,        ///< The object is of a kind tsnap does not handle (e.g. an optimizer).
   kPeerFailed,         ///< Another rank of a distributed save failed, disagreed or fell silent.
   kInternal,           ///< An invariant was violated: a bug in tsnap.
+  kStale,              ///< A save's state did not change where training changes it (StaleCheck).
 };
 
 /// Short stable name of a code ("hash_mismatch"), for logs and the CLI.
@@ -49,7 +50,7 @@ TSNAP_API const char* to_string(ErrorCode code) noexcept;
 /// | `FormatError`     | kBadHeader, kHeaderTooLarge, kBadOffsets, kBadManifest,              |
 /// |                   | kUnsupportedFormat, kUnsafePath, kTruncated, kHashMismatch           |
 /// | `Error`           | kAlreadyExists, kBusy, kCancelled, kUnsupported, kPeerFailed,        |
-/// |                   | kInternal                                                            |
+/// |                   | kInternal, kStale                                                    |
 enum class ErrorClass { kError, kIoError, kFormatError, kInvalidArgument };
 
 /// The class of `code` (the table above).

@@ -15,17 +15,27 @@ namespace tsnap {
 namespace {
 
 const std::vector<ErrorCode>& all_codes() {
-  static const std::vector<ErrorCode> codes = {
-      ErrorCode::kInvalidArgument, ErrorCode::kKeyNotFound,
-      ErrorCode::kShapeMismatch,   ErrorCode::kAlreadyExists,
-      ErrorCode::kNotFound,        ErrorCode::kIo,
-      ErrorCode::kNoSpace,         ErrorCode::kBadHeader,
-      ErrorCode::kHeaderTooLarge,  ErrorCode::kBadOffsets,
-      ErrorCode::kBadManifest,     ErrorCode::kUnsupportedFormat,
-      ErrorCode::kUnsafePath,      ErrorCode::kTruncated,
-      ErrorCode::kHashMismatch,    ErrorCode::kBusy,
-      ErrorCode::kCancelled,       ErrorCode::kUnsupported,
-      ErrorCode::kPeerFailed,      ErrorCode::kInternal};
+  static const std::vector<ErrorCode> codes = {ErrorCode::kInvalidArgument,
+                                               ErrorCode::kKeyNotFound,
+                                               ErrorCode::kShapeMismatch,
+                                               ErrorCode::kAlreadyExists,
+                                               ErrorCode::kNotFound,
+                                               ErrorCode::kIo,
+                                               ErrorCode::kNoSpace,
+                                               ErrorCode::kBadHeader,
+                                               ErrorCode::kHeaderTooLarge,
+                                               ErrorCode::kBadOffsets,
+                                               ErrorCode::kBadManifest,
+                                               ErrorCode::kUnsupportedFormat,
+                                               ErrorCode::kUnsafePath,
+                                               ErrorCode::kTruncated,
+                                               ErrorCode::kHashMismatch,
+                                               ErrorCode::kBusy,
+                                               ErrorCode::kCancelled,
+                                               ErrorCode::kUnsupported,
+                                               ErrorCode::kPeerFailed,
+                                               ErrorCode::kInternal,
+                                               ErrorCode::kStale};
   return codes;
 }
 
@@ -56,6 +66,28 @@ TEST(ErrorModel, EveryCodeIsThrownAsItsClassWithMessageAndErrno) {
       EXPECT_EQ(e.sys_errno(), 7);
       EXPECT_EQ(thrown_class(std::current_exception()), error_class(code));
     }
+  }
+}
+
+// Messages quote keys, names and file contents of any length and bytes: each stays valid
+// UTF-8 (a Python binding or a JSON log can take it) and is capped, its middle cut.
+TEST(ErrorModel, MessagesAreValidUtf8AndCapped) {
+  const std::string huge(100 << 20, 'k');
+  try {
+    throw_error(ErrorCode::kBadManifest, "key '" + huge + "' is named twice");
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_LT(what.size(), 5000u);
+    EXPECT_EQ(what.rfind("key 'kkk", 0), 0u);
+    EXPECT_NE(what.find("bytes cut"), std::string::npos);
+    EXPECT_NE(what.find("' is named twice"), std::string::npos) << "the end is kept";
+  }
+  // Invalid sequences become \xHH; valid multi-byte characters stay.
+  const std::string bytes = std::string("caf\xc3\xa9 \xff\xfe x\xe2\x82") + "";
+  try {
+    throw_error(ErrorCode::kBadManifest, bytes);
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "caf\xc3\xa9 \\xff\\xfe x\\xe2\\x82");
   }
 }
 
