@@ -4,11 +4,21 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace tsnap::format {
 
 /// XXH3-64 of `n` bytes at `data`.
 uint64_t hash64(const void* data, size_t n) noexcept;
+
+/// XXH3-64 of `n` bytes at `data` and, in the same pass over memory, of each byte range
+/// [first, second) of `pieces` (ascending, not overlapping, within [0, n)) into `*piece_hashes`
+/// (one per piece, in order): a staged chunk's hash and the hashes of the tensor pieces it holds
+/// read the chunk once. Thread-safe (calls are independent).
+uint64_t hash64_with_pieces(const uint8_t* data, size_t n,
+                            const std::vector<std::pair<uint64_t, uint64_t>>& pieces,
+                            std::vector<uint64_t>* piece_hashes);
 
 /// A hash as messages spell it: 16 lower-case hex digits.
 std::string hash_hex(uint64_t hash);

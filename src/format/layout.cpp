@@ -31,9 +31,9 @@ bool is_hex(const std::string& s, size_t begin, size_t count) {
 
 void check_snapshot_name(const std::string& name) {
   if (name.size() > 200) {
-    throw_error(ErrorCode::kInvalidArgument,
-                "invalid snapshot name '" + name.substr(0, 40) + "...': it is " +
-                    std::to_string(name.size()) + " bytes long, more than the 200 a name may have");
+    throw_error(ErrorCode::kInvalidArgument, "invalid snapshot name '" + name.substr(0, 40) +
+                                                 "...': it is " + std::to_string(name.size()) +
+                                                 " bytes long, more than the 200 a name may have");
   }
   if (name.empty() || name == "." || name == ".." || name[0] == '.' ||
       name.find('/') != std::string::npos || name.find('\0') != std::string::npos ||
@@ -102,6 +102,10 @@ std::optional<int64_t> parse_step_name(const std::string& name) {
   }
   if (step_name(step) != name) return std::nullopt;  // one spelling per step
   return step;
+}
+
+std::vector<std::string> optimizer_moment_globs() {
+  return {"*/exp_avg", "*/exp_avg_sq", "*/momentum_buffer", "*/square_avg"};
 }
 
 std::optional<int64_t> step_of(const nlohmann::json& metadata) {

@@ -48,6 +48,10 @@ std::string step_name(int64_t step);
 /// of some step (one spelling per step).
 std::optional<int64_t> parse_step_name(const std::string& name);
 
+/// Globs of the optimizer moments that training changes at every step
+/// (tsnap::optimizer_moment_keys(), which the torch-free tool needs too).
+std::vector<std::string> optimizer_moment_globs();
+
 /// The user-metadata key that records a snapshot's training step.
 inline constexpr const char* kStepKey = "step";
 

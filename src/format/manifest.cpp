@@ -9,8 +9,8 @@
 #include <cstring>
 
 #include "format/manifest_io.h"
-#include "format/s3_root.h"
 #include "format/open_file.h"
+#include "format/s3_root.h"
 #include "io/fd.h"
 #include "tsnap/error.h"
 

@@ -36,8 +36,8 @@ Manifest read_manifest_in(const SnapshotDir& dir);
 /// times, world size, metadata) as a JSON object: the head that `tsnap inspect` shows too.
 nlohmann::json manifest_header_json(const Manifest& m);
 
-/// The format version a writer records for `m`: 2 when a file has `tsnap_id` or `reused_from`
-/// (an incremental save), else 1, so that readers of version 1 keep reading every other save.
+/// The format version a writer records for `m`: kFormatVersion (3, whose manifests must carry
+/// their checksum, docs/format.md section 7).
 int written_version(const Manifest& m);
 
 /// The manifest as JSON (deterministic field order, tensors sorted by name).

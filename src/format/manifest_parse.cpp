@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <climits>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -282,6 +283,7 @@ void check_pieces(const Checker& c, const std::vector<TensorRecord>& pieces) {
   }
   // Sweep along dimension 0: only pieces whose rows overlap are compared element-wise.
   std::vector<const TensorRecord*> order;
+  order.reserve(pieces.size());
   for (const TensorRecord& p : pieces) order.push_back(&p);
   std::sort(order.begin(), order.end(), shard_before);
   const size_t dims = first.shape.size();
@@ -307,10 +309,41 @@ void check_pieces(const Checker& c, const std::vector<TensorRecord>& pieces) {
   }
 }
 
-// Checks the manifest's own checksum when it has one (manifests of older writers have none).
-void check_checksum(const Checker& c, std::string_view text, const json& root) {
+// The name of the manifest's last member when its value has the shape of a checksum
+// ("xxh3-64:<16 hex digits>", as tsnap writes it last), else nullopt.
+std::optional<std::string> checksum_shaped_last_member(std::string_view text) {
+  const size_t close = text.find_last_not_of(" \t\r\n");
+  const size_t digits = 16, prefix = std::char_traits<char>::length(kChecksumPrefix);
+  if (close == std::string_view::npos || text[close] != '}' || close < digits + prefix + 2) {
+    return std::nullopt;
+  }
+  const size_t value = close - 1 - digits - prefix;  // the value's first character
+  if (text[close - 1] != '"' || text.substr(value, prefix) != kChecksumPrefix ||
+      text[value - 1] != '"' || text[value - 2] != ':' || text[value - 3] != '"') {
+    return std::nullopt;
+  }
+  const size_t open = text.rfind('"', value - 4);
+  if (open == std::string_view::npos) return std::nullopt;
+  return std::string(text.substr(open + 1, value - 4 - open));
+}
+
+// Checks the manifest's own checksum. Version 3 on must have one; older writers' manifests
+// may lack it, unless their last member has the checksum's shape under another name (a key
+// edited to turn the check off).
+void check_checksum(const Checker& c, std::string_view text, const json& root, int64_t version) {
   const auto it = root.find("checksum");
-  if (it == root.end()) return;
+  if (it == root.end()) {
+    if (version >= 3) {
+      c.fail(ErrorCode::kBadManifest, "format version " + std::to_string(version) +
+                                          " requires the manifest's \"checksum\", which it lacks");
+    }
+    if (auto name = checksum_shaped_last_member(text)) {
+      c.fail(ErrorCode::kBadManifest, "its last member \"" + printable(*name, 40) +
+                                          "\" has the shape of its checksum but not the name "
+                                          "\"checksum\": the manifest was edited");
+    }
+    return;
+  }
   const std::string recorded = it->is_string() ? it->get<std::string>() : std::string();
   const size_t prefix = std::char_traits<char>::length(kChecksumPrefix);
   if (recorded.size() != prefix + 16 || recorded.compare(0, prefix, kChecksumPrefix) != 0) {
@@ -326,6 +359,23 @@ void check_checksum(const Checker& c, std::string_view text, const json& root) {
     c.fail(ErrorCode::kBadManifest, "its content does not match its checksum (" + actual +
                                         ", recorded " + printable(recorded) +
                                         "): the manifest changed after it was written");
+  }
+}
+
+// The "unchanged" member (version 3): the snapshot compared with, and keys of "tensors".
+void parse_unchanged(const Checker& c, const json& j, const json& jtensors, Manifest& m) {
+  const std::string where = "\"unchanged\"";
+  if (!j.is_object()) c.fail(ErrorCode::kBadManifest, where + " is not an object");
+  m.unchanged_since = c.str(j, "since", where);
+  if (m.unchanged_since.empty()) c.fail(ErrorCode::kBadManifest, where + ": \"since\" is empty");
+  const json& keys = c.field(j, "keys", json::value_t::array, where);
+  m.unchanged.reserve(keys.size());
+  for (const json& k : keys) {
+    if (!k.is_string() || !jtensors.contains(k.get_ref<const std::string&>())) {
+      c.fail(ErrorCode::kBadManifest,
+             where + " names " + printable(k.dump()) + ", which is not a tensor");
+    }
+    m.unchanged.push_back(k.get<std::string>());
   }
 }
 
@@ -373,7 +423,7 @@ Manifest parse_manifest(std::string_view text, const std::string& label) {
   if (version < 1) {
     c.fail(ErrorCode::kBadManifest, "format_version " + std::to_string(version) + " is not valid");
   }
-  check_checksum(c, text, root);  // after the version: a newer one may checksum otherwise
+  check_checksum(c, text, root, version);  // after the version: a newer one may checksum otherwise
 
   Manifest m;
   m.format_version = static_cast<int>(version);
@@ -388,6 +438,7 @@ Manifest parse_manifest(std::string_view text, const std::string& label) {
   if (m.world_size < 1) c.fail(ErrorCode::kBadManifest, "\"world_size\" must be at least 1");
   c.field(root, "metadata", json::value_t::object, where);
   m.metadata = std::move(root["metadata"]);  // moved: user metadata may be large
+  if (root.contains("step")) m.step = c.int64(root, "step", where);
 
   std::map<std::string, const FileRecord*> files;
   const json& jfiles = c.field(root, "files", json::value_t::object, where);
@@ -419,6 +470,7 @@ Manifest parse_manifest(std::string_view text, const std::string& label) {
     for (TensorRecord& r : records) m.tensors.push_back(std::move(r));
     pieced.insert(name);
   }
+  if (root.contains("unchanged")) parse_unchanged(c, root["unchanged"], jtensors, m);
   check_overlaps(c, m.tensors);
   check_weight_map(c, c.field(root, "weight_map", json::value_t::object, where), jtensors,
                    m.tensors, pieced);

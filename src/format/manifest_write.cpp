@@ -51,12 +51,7 @@ std::vector<std::vector<const TensorRecord*>> tensor_groups(const Manifest& m) {
 
 }  // namespace
 
-int written_version(const Manifest& m) {
-  for (const FileRecord& f : m.files) {
-    if (!f.tsnap_id.empty() || !f.reused_from.empty()) return 2;
-  }
-  return 1;
-}
+int written_version(const Manifest&) { return kFormatVersion; }
 
 json manifest_to_json(const Manifest& m) {
   if (!m.metadata.is_object()) {
@@ -112,15 +107,20 @@ json manifest_to_json(const Manifest& m) {
 }
 
 json manifest_header_json(const Manifest& m) {
-  return {{"format", kFormatName},
-          {"format_version", written_version(m)},
-          {"id", m.id},
-          {"tsnap_version", m.tsnap_version},
-          {"torch_version", m.torch_version},
-          {"created", m.created},
-          {"created_unix_ns", m.created_unix_ns},
-          {"world_size", m.world_size},
-          {"metadata", m.metadata}};
+  json out = {{"format", kFormatName},
+              {"format_version", written_version(m)},
+              {"id", m.id},
+              {"tsnap_version", m.tsnap_version},
+              {"torch_version", m.torch_version},
+              {"created", m.created},
+              {"created_unix_ns", m.created_unix_ns},
+              {"world_size", m.world_size},
+              {"metadata", m.metadata}};
+  if (m.step) out["step"] = *m.step;
+  if (!m.unchanged_since.empty()) {
+    out["unchanged"] = {{"since", m.unchanged_since}, {"keys", m.unchanged}};
+  }
+  return out;
 }
 
 ManifestTensorText manifest_tensor_text(const Manifest& m) {
@@ -247,6 +247,22 @@ std::string render_manifest(const Manifest& m, const ManifestTensorText* tensor_
   w.number(int64_t{m.world_size});
   w.key("metadata");
   w.raw(m.metadata.dump());
+  if (m.step) {
+    w.key("step");
+    w.number(int64_t{*m.step});
+  }
+  if (!m.unchanged_since.empty()) {
+    w.newline();
+    w.key("unchanged");
+    w.begin_object();
+    w.key("since");
+    w.string(m.unchanged_since);
+    w.key("keys");
+    w.begin_array();
+    for (const std::string& k : m.unchanged) w.string(k);
+    w.end_array();
+    w.end_object();
+  }
 
   w.key("files");
   w.begin_object();

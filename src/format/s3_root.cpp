@@ -80,6 +80,7 @@ std::vector<Listed> S3Root::list() const {
     return a.first != b.first ? a.first < b.first : a.second.name < b.second.name;
   });
   std::vector<Listed> out;
+  out.reserve(sorted.size());
   for (auto& [when, l] : sorted) out.push_back(std::move(l));
   return out;
 }
@@ -89,10 +90,9 @@ std::optional<std::string> S3Root::manifest_text(const std::string& name) const 
   const std::optional<io::S3Object> head = client_->head_object(url_.bucket, key);
   if (!head) return std::nullopt;
   if (head->size > kMaxManifestBytes) {
-    throw_error(ErrorCode::kBadManifest, url(name) + "/" + kManifestName + " has " +
-                                             std::to_string(head->size) +
-                                             " bytes, more than the cap of " +
-                                             std::to_string(kMaxManifestBytes));
+    throw_error(ErrorCode::kBadManifest,
+                url(name) + "/" + kManifestName + " has " + std::to_string(head->size) +
+                    " bytes, more than the cap of " + std::to_string(kMaxManifestBytes));
   }
   try {
     return client_->get_object(url_.bucket, key);

@@ -26,6 +26,32 @@ TEST(Hash, EqualsTheReferenceBuildForEverySize) {
   }
 }
 
+// A chunk's hash and its tensor pieces' hashes in one pass equal separate calls: pieces within
+// one block, across blocks, touching and apart, the chunk's first and last bytes.
+TEST(Hash, ChunkAndPiecesInOnePassEqualSeparateCalls) {
+  std::mt19937_64 rng(11);
+  std::vector<uint8_t> buf(3 << 20);
+  for (auto& b : buf) b = static_cast<uint8_t>(rng());
+  for (int round = 0; round < 50; ++round) {
+    const size_t n = 1 + rng() % buf.size();
+    std::vector<uint64_t> cuts = {0, n};
+    for (int i = rng() % 20; i > 0; --i) cuts.push_back(rng() % n);
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    std::vector<std::pair<uint64_t, uint64_t>> pieces;
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+      if (rng() % 4 != 0) pieces.emplace_back(cuts[i], cuts[i + 1]);  // some gaps
+    }
+    std::vector<uint64_t> got;
+    EXPECT_EQ(hash64_with_pieces(buf.data(), n, pieces, &got), hash64(buf.data(), n)) << n;
+    ASSERT_EQ(got.size(), pieces.size());
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      EXPECT_EQ(got[i], hash64(buf.data() + pieces[i].first, pieces[i].second - pieces[i].first))
+          << "round " << round << " piece " << i;
+    }
+  }
+}
+
 TEST(Hash, StreamInPiecesEqualsOneCall) {
   std::mt19937_64 rng(11);
   std::vector<uint8_t> buf((1 << 20) + 333);

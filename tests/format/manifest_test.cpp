@@ -101,7 +101,7 @@ void expect_rejected(const std::function<void(json&)>& mutate, ErrorCode code,
   json j = manifest_to_json(sample());
   mutate(j);
   try {
-    parse_manifest(j.dump(), kLabel);
+    parse_manifest(test_support::signed_manifest_text(j), kLabel);
     ADD_FAILURE() << "accepted a bad manifest; expected " << to_string(code);
   } catch (const FormatError& e) {
     EXPECT_EQ(e.code(), code) << "got " << to_string(e.code()) << ": " << e.what();
@@ -124,7 +124,7 @@ void expect_text_rejected(const std::string& text, ErrorCode code) {
 TEST(Manifest, JsonLayout) {
   const json j = manifest_to_json(sample());
   EXPECT_EQ(j["format"], "tsnap");
-  EXPECT_EQ(j["format_version"], 1);
+  EXPECT_EQ(j["format_version"], kFormatVersion);
   EXPECT_EQ(j["id"], "20261129T180000-1a2b");
   EXPECT_EQ(j["created_unix_ns"], 1795975200123000000);
   EXPECT_EQ(j["world_size"], 2);
@@ -149,13 +149,14 @@ TEST(Manifest, JsonLayout) {
 
 TEST(Manifest, RoundTripsThroughJson) {
   const Manifest m = sample();
-  expect_same(parse_manifest(manifest_to_json(m).dump(2), kLabel), m);
+  expect_same(parse_manifest(test_support::signed_manifest_text(manifest_to_json(m)), kLabel), m);
   // Also with an empty snapshot.
   Manifest empty = sample();
   empty.files.clear();
   empty.tensors.clear();
   empty.metadata = json::object();
-  expect_same(parse_manifest(manifest_to_json(empty).dump(), kLabel), empty);
+  expect_same(parse_manifest(test_support::signed_manifest_text(manifest_to_json(empty)), kLabel),
+              empty);
 }
 
 // The manifest protects itself: a flip in any field (those no chunk hash covers included) is
@@ -181,9 +182,37 @@ TEST(Manifest, ChecksumCatchesAFlipInAnyField) {
   std::string bad_value = text;
   bad_value.replace(bad_value.find("xxh3-64:"), 8, "xxh3-65:");
   expect_text_rejected(bad_value, ErrorCode::kBadManifest);
-  // Without the member (as older writers wrote it), the same manifest reads.
+  // Without the member, a manifest of the current version is refused; one of an older version
+  // (as older writers wrote it) reads.
   const size_t member = text.rfind(",\n\"checksum\"");
-  expect_same(parse_manifest(text.substr(0, member) + "}\n", kLabel), sample());
+  expect_text_rejected(text.substr(0, member) + "}\n", ErrorCode::kBadManifest);
+  json older = json::parse(text.substr(0, member) + "}\n");
+  older["format_version"] = 2;
+  Manifest expected = sample();
+  expected.format_version = 2;
+  expect_same(parse_manifest(older.dump(), kLabel), expected);
+}
+
+// One flip in the key name "checksum" must not turn the check off: a manifest of the current
+// version must carry its checksum, and in an older one a last member shaped like a checksum
+// under another name is an edit.
+TEST(Manifest, AFlipInTheChecksumKeyIsCaught) {
+  const std::string text = manifest_to_text(sample());
+  const size_t key = text.rfind("\"checksum\"") + 1;
+  json older_json = text_json(sample());
+  older_json["format_version"] = 2;
+  const std::string older = test_support::signed_manifest_text(older_json);
+  const size_t older_key = older.rfind("\"checksum\"") + 1;
+  for (size_t i = 0; i < 8; ++i) {
+    for (unsigned char bit : {0x01, 0x20, 0x80}) {
+      std::string flipped = text;
+      flipped[key + i] = static_cast<char>(flipped[key + i] ^ bit);
+      expect_text_rejected(flipped, ErrorCode::kBadManifest);
+      std::string flipped_older = older;
+      flipped_older[older_key + i] = static_cast<char>(flipped_older[older_key + i] ^ bit);
+      expect_text_rejected(flipped_older, ErrorCode::kBadManifest);
+    }
+  }
 }
 
 // A writer may render the tensor records apart (while its chunks are written) and the rest at
@@ -203,19 +232,20 @@ TEST(Manifest, TensorTextRenderedApartGivesTheSameText) {
   EXPECT_EQ(readable_manifest_text(m), manifest_to_text(m));
 }
 
-// Format v2: a file that keeps an earlier save's layout names that save (its header's id) and,
-// when reused whole, the snapshot it came from; the text and JSON writers agree and say v2.
-TEST(Manifest, ReusedFilesRoundTripAsVersion2) {
+// A file that keeps an earlier save's layout names that save (its header's id) and, when
+// reused whole, the snapshot it came from (fields of version 2 on); the text and JSON writers
+// agree.
+TEST(Manifest, ReusedFilesRoundTrip) {
   Manifest m = sample();
   m.files[0].tsnap_id = "18ecf96338ad5d40-bee517c9";
   m.files[0].reused_from = "step-00000010";
   const json j = manifest_to_json(m);
-  EXPECT_EQ(j["format_version"], 2);
+  EXPECT_EQ(j["format_version"], kFormatVersion);
   EXPECT_EQ(j["files"][kShard0]["tsnap_id"], "18ecf96338ad5d40-bee517c9");
   EXPECT_EQ(j["files"][kShard0]["reused_from"], "step-00000010");
   EXPECT_EQ(text_json(m), j);
   const Manifest back = parse_manifest(manifest_to_text(m), kLabel);
-  EXPECT_EQ(back.format_version, 2);
+  EXPECT_EQ(back.format_version, kFormatVersion);
   EXPECT_EQ(back.files[0].tsnap_id, m.files[0].tsnap_id);
   EXPECT_EQ(back.files[0].reused_from, m.files[0].reused_from);
   EXPECT_EQ(back.files[0].header_id(back.id), "18ecf96338ad5d40-bee517c9");
@@ -253,7 +283,7 @@ TEST(Manifest, ToJsonRejectsDuplicatesAndNonObjectMetadata) {
 
 TEST(Manifest, ReadsFromDirectory) {
   TempDir dir;
-  std::ofstream(dir.path() / kManifestName) << manifest_to_json(sample()).dump(2);
+  std::ofstream(dir.path() / kManifestName) << manifest_to_text(sample());
   expect_same(read_manifest(dir.path()), sample());
 }
 
@@ -323,8 +353,8 @@ TEST(Manifest, RejectsUnsafeFileNames) {
 }
 
 TEST(Manifest, RejectsNewerFormatVersion) {
-  expect_rejected([](json& j) { j["format_version"] = 3; }, ErrorCode::kUnsupportedFormat,
-                  "written in format version 3; this tsnap reads format versions up to 2");
+  expect_rejected([](json& j) { j["format_version"] = 4; }, ErrorCode::kUnsupportedFormat,
+                  "written in format version 4; this tsnap reads format versions up to 3");
   // A newer version is reported as such even if the rest looks nothing like v1.
   expect_text_rejected(R"({"format": "tsnap", "format_version": 7, "shards": []})",
                        ErrorCode::kUnsupportedFormat);
@@ -479,14 +509,19 @@ TEST(Manifest, RejectsShardOutsideGlobalShape) {
       ErrorCode::kBadManifest, "shard does not lie inside");
 }
 
-
 /// The sample with "layer.weight"'s other half ([0, 4) of the [8, 5] tensor) written by rank 1
 /// in a third file: one key stored as two pieces.
 Manifest pieced() {
   Manifest m = sample();
   m.files.push_back({"rank-00001-shard-00000-of-00001.safetensors", 4136, 4096, 8192, {0x1ull}, 1});
-  m.tensors.push_back({"layer.weight", m.files.back().name, at::kBFloat16, at::kFloat, {4, 5},
-                       4096, 4136, ShardSpec{{8, 5}, {0, 0}}});
+  m.tensors.push_back({"layer.weight",
+                       m.files.back().name,
+                       at::kBFloat16,
+                       at::kFloat,
+                       {4, 5},
+                       4096,
+                       4136,
+                       ShardSpec{{8, 5}, {0, 0}}});
   return m;
 }
 
@@ -512,17 +547,23 @@ TEST(Manifest, RejectsPiecesThatDoNotFit) {
     json j = manifest_to_json(pieced());
     mutate(j["tensors"]["layer.weight"]["pieces"]);
     try {
-      parse_manifest(j.dump(), kLabel);
+      parse_manifest(test_support::signed_manifest_text(j), kLabel);
       ADD_FAILURE() << "accepted pieces that do not fit: " << detail;
     } catch (const FormatError& e) {
       EXPECT_EQ(e.code(), code) << e.what();
       EXPECT_NE(std::string(e.what()).find(detail), std::string::npos) << e.what();
     }
   };
-  rejected([](json& p) { p[0]["shard"]["offsets"] = {2, 0}; }, ErrorCode::kBadOffsets,
-           "share elements");
-  rejected([](json& p) { p[0]["shard"]["global_shape"] = {9, 5}; }, ErrorCode::kBadManifest,
-           "disagree on the global shape");
+  rejected(
+      [](json& p) {
+        p[0]["shard"]["offsets"] = {2, 0};
+      },
+      ErrorCode::kBadOffsets, "share elements");
+  rejected(
+      [](json& p) {
+        p[0]["shard"]["global_shape"] = {9, 5};
+      },
+      ErrorCode::kBadManifest, "disagree on the global shape");
   rejected([](json& p) { p[0].erase("shard"); }, ErrorCode::kBadManifest, "has no \"shard\"");
   rejected([](json& p) { p = json::array(); }, ErrorCode::kBadManifest, "non-empty array");
   // Two records of one key without shards cannot be written either.

@@ -69,7 +69,7 @@ inline void set_format_version(const std::filesystem::path& snapshot, int versio
   nlohmann::json j = nlohmann::json::parse(in);
   in.close();
   j["format_version"] = version;
-  std::ofstream(path) << j.dump();
+  std::ofstream(path) << test_support::signed_manifest_text(j);
 }
 
 /// Runs `f`, expects a tsnap::Error of `code`, and returns its message.

@@ -17,6 +17,8 @@
 #include <stdexcept>
 
 #include "common/remove_tree.h"
+#include "format/hash.h"
+#include "format/manifest_internal.h"
 
 namespace tsnap::test_support {
 
@@ -111,6 +113,15 @@ std::vector<std::string> dir_entries(const fs::path& dir) {
   for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
   std::sort(out.begin(), out.end());
   return out;
+}
+
+std::string signed_manifest_text(nlohmann::json manifest) {
+  manifest.erase("checksum");
+  std::string text = manifest.dump();
+  text.pop_back();  // the closing brace
+  const uint64_t checksum = format::hash64(text.data(), text.size());
+  return text + format::kChecksumMember + format::kChecksumPrefix + format::hex16(checksum) +
+         "\"}\n";
 }
 
 void flip_byte(const fs::path& file, uint64_t offset) {

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "tsnap/state_dict.h"
@@ -40,6 +41,11 @@ StateDict fine_tuning_state(int step);
 
 /// The names of the entries of a directory (files and folders), sorted.
 std::vector<std::string> dir_entries(const std::filesystem::path& dir);
+
+/// `manifest` (without a "checksum" member) as the text a writer commits: dumped, with its
+/// checksum appended as the last member (docs/format.md), so that a test can edit a manifest
+/// and have only the checks of what it edited object.
+std::string signed_manifest_text(nlohmann::json manifest);
 
 /// Flips one byte of a file at `offset`.
 void flip_byte(const std::filesystem::path& file, uint64_t offset);
