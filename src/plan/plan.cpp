@@ -81,7 +81,7 @@ struct Group {
   const FileRecord* base = nullptr;  // incremental: the base file whose layout it repeats
   std::string header_id;             // that file's header id (empty: the plan's)
   std::map<std::string, std::pair<uint64_t, uint64_t>> base_offsets;  // name -> [begin, end)
-  bool stable = false;               // its members were unchanged in the previous save
+  bool stable = false;  // its members were unchanged in the previous save
 };
 
 std::string replicated_entry(const Item& it) {
@@ -205,8 +205,8 @@ std::vector<Group> incremental_groups(const std::vector<Item>& items, RankOf ran
       std::set<bool> classes;  // stable and changing members do not share a kept file
       for (const TensorRecord* t : recs->second) {
         const auto it = index.find(t->name);
-        keep = keep && t->shard.has_value() == pieces && it != index.end() &&
-               !placed[it->second] && same_tensor(items[it->second], *t);
+        keep = keep && t->shard.has_value() == pieces && it != index.end() && !placed[it->second] &&
+               same_tensor(items[it->second], *t);
         if (!keep) break;
         if (const std::optional<bool> stable = stable_of(it->second)) classes.insert(*stable);
         g.members.push_back(it->second);
@@ -223,34 +223,34 @@ std::vector<Group> incremental_groups(const std::vector<Item>& items, RankOf ran
   // The rest by name (the index is ordered), cut into files of about the target size; the
   // tensors known unchanged apart from the others.
   for (const bool pieces : {false, true})
-  for (const bool stable : {false, true}) {
-    std::vector<std::vector<size_t>> cut;
-    uint64_t size = 0;
-    for (const auto& [key, i] : index) {
-      if (placed[i] || items[i].entry->shard.has_value() != pieces) continue;
-      if (stable_of(i).value_or(false) != stable) continue;
-      if (cut.empty() || (size > 0 && size + items[i].bytes > target)) {
-        cut.emplace_back();
-        size = 0;
+    for (const bool stable : {false, true}) {
+      std::vector<std::vector<size_t>> cut;
+      uint64_t size = 0;
+      for (const auto& [key, i] : index) {
+        if (placed[i] || items[i].entry->shard.has_value() != pieces) continue;
+        if (stable_of(i).value_or(false) != stable) continue;
+        if (cut.empty() || (size > 0 && size + items[i].bytes > target)) {
+          cut.emplace_back();
+          size = 0;
+        }
+        cut.back().push_back(i);
+        size += items[i].bytes;
       }
-      cut.back().push_back(i);
-      size += items[i].bytes;
-    }
-    for (std::vector<size_t>& members : cut) {
-      size_t owner = static_cast<size_t>(ranks.rank);
-      if (!pieces && ranks.world_size > 1) {
-        uint64_t bytes = 0;
-        for (size_t i : members) bytes += items[i].bytes;
-        owner = std::min_element(rank_load.begin(), rank_load.end()) - rank_load.begin();
-        rank_load[owner] += bytes;
+      for (std::vector<size_t>& members : cut) {
+        size_t owner = static_cast<size_t>(ranks.rank);
+        if (!pieces && ranks.world_size > 1) {
+          uint64_t bytes = 0;
+          for (size_t i : members) bytes += items[i].bytes;
+          owner = std::min_element(rank_load.begin(), rank_load.end()) - rank_load.begin();
+          rank_load[owner] += bytes;
+        }
+        if (static_cast<int>(owner) != ranks.rank) continue;
+        Group g;
+        g.members = std::move(members);
+        g.stable = stable;
+        groups.push_back(std::move(g));
       }
-      if (static_cast<int>(owner) != ranks.rank) continue;
-      Group g;
-      g.members = std::move(members);
-      g.stable = stable;
-      groups.push_back(std::move(g));
     }
-  }
   if (groups.empty()) groups.emplace_back();  // an empty state still gets its one file
   name_groups(groups, ranks);
   return groups;
@@ -379,9 +379,49 @@ std::optional<Plan> reuse(Plan& previous, const std::vector<Item>& items,
 }  // namespace
 
 bool is_counter(const std::string& key, const at::Tensor& t) {
-  if (t.dim() == 0) return true;
+  if (t.dim() == 0 || t.numel() == 1) return true;
   const size_t slash = key.find_last_of("/.");
   return std::string_view(key).substr(slash == std::string::npos ? 0 : slash + 1) == "step";
+}
+
+void check_dtype_rules(const StateDict& state, const SaveOptions& options) {
+  // What is asked must be a floating dtype, whether or not a tensor of this state takes it.
+  if (options.dtype && !format::is_floating(*options.dtype)) {
+    throw_error(ErrorCode::kInvalidArgument,
+                std::string("SaveOptions::dtype must be floating (f64, f32, f16 or bf16), not ") +
+                    c10::toString(*options.dtype));
+  }
+  for (const DtypeRule& rule : options.dtype_rules) {
+    if (rule.dtype && !format::is_floating(*rule.dtype)) {
+      throw_error(ErrorCode::kInvalidArgument,
+                  "dtype rule {\"" + format::printable(rule.pattern) + "\", " +
+                      c10::toString(*rule.dtype) +
+                      "}: a rule stores floating tensors as f64, f32, f16 or bf16");
+    }
+  }
+  for (const DtypeRule& rule : options.dtype_rules) {
+    if (!rule.dtype) continue;
+    const std::string* kept = nullptr;
+    bool applies = false;
+    for (const auto& [key, entry] : state) {
+      if (entry.dtype || !detail::glob_match(rule.pattern, key)) continue;
+      const at::Tensor& t = entry.tensor;
+      if (t.defined() && format::is_floating(t.scalar_type()) && !is_counter(key, t)) {
+        applies = true;
+        break;
+      }
+      if (!kept) kept = &key;
+    }
+    if (!applies && kept) {
+      throw_error(
+          ErrorCode::kInvalidArgument,
+          "dtype rule {\"" + format::printable(rule.pattern) + "\", " + c10::toString(*rule.dtype) +
+              "} matches only keys the precision rule keeps " +
+              "in their own dtype (counters, one-element scalars, integer and bool tensors), " +
+              "e.g. '" + format::printable(*kept) + "'; to convert one, give " +
+              "its StateEntry a dtype");
+    }
+  }
 }
 
 at::ScalarType stored_dtype(const std::string& key, const StateEntry& entry,
@@ -433,6 +473,7 @@ Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chun
     throw_error(ErrorCode::kInvalidArgument, "num_shards must be >= 0");
   }
 
+  check_dtype_rules(state, options);
   // Validate and size every tensor.
   std::vector<Item> items;
   items.reserve(state.size());
@@ -469,11 +510,10 @@ Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chun
     if (plan) return std::move(*plan);
   }
   std::vector<std::string> replicated;
-  std::vector<Group> groups = layout.incremental
-                                  ? incremental_groups(items, ranks, chunk_bytes, layout.base,
-                                                       layout.unchanged, &replicated)
-                                  : balanced_groups(items, options, ranks, max_auto_shards,
-                                                    &replicated);
+  std::vector<Group> groups =
+      layout.incremental ? incremental_groups(items, ranks, chunk_bytes, layout.base,
+                                              layout.unchanged, &replicated)
+                         : balanced_groups(items, options, ranks, max_auto_shards, &replicated);
 
   Plan plan;
   plan.id = id;
@@ -490,10 +530,9 @@ Plan make_plan(const StateDict& state, const SaveOptions& options, uint64_t chun
   if (!layout.incremental) plan.entries.assign(items.size(), {kNotPlaced, kNotPlaced});
   plan.files.reserve(groups.size());
   for (const Group& group : groups) {
-    PlannedFile file = build_file(group, items, chunk_bytes,
-                                  group.header_id.empty() ? id : group.header_id,
-                                  static_cast<uint32_t>(plan.files.size()),
-                                  layout.incremental ? nullptr : &plan.entries);
+    PlannedFile file = build_file(
+        group, items, chunk_bytes, group.header_id.empty() ? id : group.header_id,
+        static_cast<uint32_t>(plan.files.size()), layout.incremental ? nullptr : &plan.entries);
     if (group.base != nullptr) {
       if (same_layout(file, *group.base, group.base_offsets)) {
         file.base_hashes = group.base->chunk_hashes;

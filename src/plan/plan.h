@@ -20,11 +20,11 @@ namespace tsnap::plan {
 /// One tensor's place in a shard file.
 struct PlannedTensor {
   std::string name;
-  at::Tensor source;              ///< The caller's tensor (not copied).
-  at::ScalarType dtype;           ///< Stored dtype.
+  at::Tensor source;     ///< The caller's tensor (not copied).
+  at::ScalarType dtype;  ///< Stored dtype.
   at::ScalarType source_dtype;
   std::vector<int64_t> shape;
-  uint64_t begin = 0;             ///< Absolute offsets in the file.
+  uint64_t begin = 0;  ///< Absolute offsets in the file.
   uint64_t end = 0;
   std::optional<ShardSpec> shard;
   uint64_t nbytes() const { return end - begin; }
@@ -33,9 +33,9 @@ struct PlannedTensor {
 /// One shard file's byte image: header bytes, then tensors back to back.
 struct PlannedFile {
   std::string name;
-  std::string header;             ///< Bytes [0, data_offset): length prefix + padded JSON.
+  std::string header;  ///< Bytes [0, data_offset): length prefix + padded JSON.
   uint64_t data_offset = 0;
-  uint64_t size = 0;              ///< Exact file size.
+  uint64_t size = 0;  ///< Exact file size.
   uint64_t chunk_bytes = 0;
   std::vector<PlannedTensor> tensors;  ///< In file order (begin ascending).
   /// The save id in the header: the plan's, or for a file that keeps the layout of the base
@@ -51,9 +51,7 @@ struct PlannedFile {
   uint64_t num_chunks() const { return size == 0 ? 0 : (size + chunk_bytes - 1) / chunk_bytes; }
   /// Byte range [first, last) of chunk `c`.
   uint64_t chunk_begin(uint64_t c) const { return c * chunk_bytes; }
-  uint64_t chunk_end(uint64_t c) const {
-    return std::min(size, (c + 1) * chunk_bytes);
-  }
+  uint64_t chunk_end(uint64_t c) const { return std::min(size, (c + 1) * chunk_bytes); }
 };
 
 /// The committed snapshot an incremental save compares its chunks with.
@@ -117,9 +115,9 @@ struct RankOf {
 struct Plan {
   std::string id;
   std::vector<PlannedFile> files;
-  std::vector<ChunkRef> chunks;   ///< Every chunk of every file, interleaved across files.
-  uint64_t total_bytes = 0;       ///< Sum of file sizes.
-  uint64_t tensor_bytes = 0;      ///< Sum of stored tensor bytes.
+  std::vector<ChunkRef> chunks;  ///< Every chunk of every file, interleaved across files.
+  uint64_t total_bytes = 0;      ///< Sum of file sizes.
+  uint64_t tensor_bytes = 0;     ///< Sum of stored tensor bytes.
   size_t num_tensors = 0;
   /// Distributed saves: every replicated entry of the state (whichever rank writes it) as
   /// "key dtype shape", sorted, so that rank 0 can check that all ranks hold the same set.
@@ -146,8 +144,15 @@ struct Plan {
 };
 
 /// Whether `key` holds a counter or a scalar, which `SaveOptions::dtype` and its rules never
-/// convert: a 0-d tensor, or a key whose last component ('/' or '.' separated) is `step`.
+/// convert: a tensor of one element (0-d or not: `global_step` kept in a tensor of shape [1],
+/// a loss scale), or a key whose last component ('/' or '.' separated) is `step`.
 bool is_counter(const std::string& key, const at::Tensor& t);
+
+/// Throws InvalidArgument for a `SaveOptions::dtype` or `dtype_rules` dtype that is not
+/// floating, and for a rule that asks for a dtype but matches only keys the precision rule
+/// keeps in their own dtype (counters, scalars, integer and bool tensors), naming the rule and
+/// a key: such a rule would be ignored.
+void check_dtype_rules(const StateDict& state, const SaveOptions& options);
 
 /// The dtype `entry` is stored as under `options` and the precision rule (integer/bool tensors,
 /// counters and scalars never convert unless their entry asks). Throws InvalidArgument naming

@@ -104,24 +104,43 @@ TEST(Plan, CountersAndScalarsKeepTheirDtypeAndRulesRefineIt) {
   StateDict sd;
   sd.insert("optim/w/exp_avg", make_tensor(at::kFloat, {8}, 1));
   sd.insert("optim/w/exp_avg_sq", make_tensor(at::kFloat, {8}, 2));
-  sd.insert("optim/w/step", at::full({}, 2049.0f));      // PyTorch's Adam: 0-d float
-  sd.insert("optim/v/step", at::full({1}, 2049.0f));     // a counter by its name
-  sd.insert("loss_scale", at::full({}, 65536.0f));       // a scalar
+  sd.insert("optim/w/step", at::full({}, 2049.0f));   // PyTorch's Adam: 0-d float
+  sd.insert("optim/v/step", at::full({1}, 2049.0f));  // a counter by its name
+  sd.insert("loss_scale", at::full({}, 65536.0f));    // a scalar
   sd.insert("model/w", make_tensor(at::kFloat, {8}, 3));
   sd.insert("model/keep", make_tensor(at::kFloat, {8}, 4));
-  sd.insert("forced", at::full({}, 3.0f), at::kHalf);     // asked by its entry
+  sd.insert("forced", at::full({}, 3.0f), at::kHalf);  // asked by its entry
+  sd.insert("global_step", at::full({1}, 1001.0f));    // a counter kept in a 1-element tensor
+  sd.insert("scaler/scale", at::full({1}, 65539.0f));  // fp16 would make it inf
   SaveOptions o;
   o.dtype = at::kBFloat16;
-  o.dtype_rules = {{"*.exp_avg_sq", at::kFloat}, {"*/exp_avg_sq", at::kFloat},
-                   {"model/keep", std::nullopt}, {"*/step", at::kBFloat16}};
+  o.dtype_rules = {{"*.exp_avg_sq", at::kFloat},
+                   {"*/exp_avg_sq", at::kFloat},
+                   {"model/keep", std::nullopt},
+                   {"scaler/*", at::kHalf}};
   const std::map<std::string, at::ScalarType> want = {
       {"optim/w/exp_avg", at::kBFloat16}, {"optim/w/exp_avg_sq", at::kFloat},
       {"optim/w/step", at::kFloat},       {"optim/v/step", at::kFloat},
       {"loss_scale", at::kFloat},         {"model/w", at::kBFloat16},
-      {"model/keep", at::kFloat},         {"forced", at::kHalf}};
+      {"model/keep", at::kFloat},         {"forced", at::kHalf},
+      {"global_step", at::kFloat},        {"scaler/scale", at::kFloat}};
   for (const auto& [key, entry] : sd) {
     EXPECT_EQ(stored_dtype(key, entry, o), want.at(key)) << key;
   }
+  // A rule that matches only what the precision rule keeps would be ignored: an error.
+  o.dtype_rules = {{"*/step", at::kBFloat16}};
+  try {
+    check_dtype_rules(sd, o);
+    ADD_FAILURE() << "a rule that cannot apply was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("*/step"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("optim/"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(make_plan(sd, o, 4096, "x", 1), InvalidArgument);
+  o.dtype_rules = {{"scaler/*", at::kHalf}, {"*", at::kHalf}};  // the first cannot apply
+  EXPECT_THROW(check_dtype_rules(sd, o), InvalidArgument);
+  o.dtype_rules = {{"*", at::kHalf}};  // converts some keys: fine
+  EXPECT_NO_THROW(check_dtype_rules(sd, o));
   o.dtype_rules = {{"model/*", at::kInt}};
   EXPECT_THROW(stored_dtype("model/w", sd.entry("model/w"), o), InvalidArgument);
   o.dtype_rules = {{"model/[w", at::kHalf}};
