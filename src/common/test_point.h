@@ -6,6 +6,9 @@
 //   "remove_tree"  before each file or directory remove_tree deletes: the removal of a stale
 //                  temporary at start-up, of a snapshot expired by retention, of an overwritten
 //                  snapshot, of a failed save's temporary directory.
+//   "reuse_link"   before an incremental save hard-links a base file (from its proven
+//                  descriptor) into its temporary directory (pipeline/reuse.cpp).
+//   "reuse_copy"   before an incremental save copies a base file's unchanged byte ranges.
 //   "reuse_linked" after an incremental save hard-linked one of its shard files to the base
 //                  snapshot's file (a file whose every chunk was unchanged), before the save
 //                  commits (pipeline/reuse.cpp).

@@ -11,6 +11,7 @@
 #include "common/sys_error.h"
 #include "common/test_point.h"
 #include "format/hash.h"
+#include "tsnap/error.h"
 
 namespace tsnap::pipeline {
 namespace {
@@ -50,10 +51,25 @@ int copy_range(int in, int out, uint64_t offset, uint64_t len) {
   return 0;
 }
 
+// Whether bytes [begin, end) of `fd` hash (XXH3-64) to `hash`; false on a read error or a short
+// file.
+bool range_hashes_to(int fd, uint64_t begin, uint64_t end, uint64_t hash) {
+  constexpr size_t kPiece = 1 << 20;
+  static thread_local std::unique_ptr<uint8_t[]> buf(new uint8_t[kPiece]);
+  format::Hash64Stream h;
+  for (uint64_t at = begin; at < end;) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kPiece, end - at));
+    if (io::read_full(fd, buf.get(), n, at) != static_cast<int64_t>(n)) return false;
+    h.update(buf.get(), n);
+    at += n;
+  }
+  return h.digest() == hash;
+}
+
 }  // namespace
 
 BaseFile::BaseFile(std::string path, uint64_t size) : path_(std::move(path)), size_(size) {
-  struct stat st{};
+  struct stat st {};
   int err = 0;
   io::UniqueFd fd = io::open_for_reading(path_, 0, &st, &err);
   if (!fd.valid() || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) != size_) return;
@@ -63,23 +79,28 @@ BaseFile::BaseFile(std::string path, uint64_t size) : path_(std::move(path)), si
 }
 
 bool BaseFile::holds(uint64_t begin, uint64_t end, uint64_t hash) const {
-  constexpr size_t kPiece = 1 << 20;
-  static thread_local std::unique_ptr<uint8_t[]> buf(new uint8_t[kPiece]);
-  format::Hash64Stream h;
-  for (uint64_t at = begin; at < end;) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(kPiece, end - at));
-    if (io::read_full(fd_.get(), buf.get(), n, at) != static_cast<int64_t>(n)) return false;
-    h.update(buf.get(), n);
-    at += n;
+  return range_hashes_to(fd_.get(), begin, end, hash);
+}
+
+bool BaseFile::link_descriptor(const std::string& target) const {
+  detail::test_point("reuse_link");
+  // AT_EMPTY_PATH needs CAP_DAC_READ_SEARCH; /proc/self/fd/N (followed) links the same inode
+  // for anyone. Either way the file linked is the one proven, whatever its path names now. A
+  // file deleted meanwhile (no links left) cannot be linked again: it is copied instead.
+  bool linked = ::linkat(fd_.get(), "", AT_FDCWD, target.c_str(), AT_EMPTY_PATH) == 0;
+  if (!linked) {
+    const std::string proc = "/proc/self/fd/" + std::to_string(fd_.get());
+    linked = ::linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, target.c_str(), AT_SYMLINK_FOLLOW) == 0;
   }
-  return h.digest() == hash;
+  if (!linked) return false;
+  struct stat st {};
+  if (::lstat(target.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_) return true;
+  ::unlink(target.c_str());  // not the proven file after all (never expected): copy instead
+  return false;
 }
 
 bool BaseFile::link_or_copy(const std::string& target) const {
-  struct stat st{};
-  // Link only the very file that was opened (not one that replaced it since).
-  if (::lstat(path_.c_str(), &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_ &&
-      ::link(path_.c_str(), target.c_str()) == 0) {
+  if (link_descriptor(target)) {
     detail::test_point("reuse_linked");
     return true;
   }
@@ -98,8 +119,25 @@ void BaseFile::copy_ranges(const std::string& target,
   copy_ranges_to(out.get(), target, ranges);
 }
 
+void BaseFile::check_reused(const std::string& target, const std::vector<Chunk>& chunks) const {
+  struct stat st {};
+  int err = 0;
+  io::UniqueFd in = io::open_for_reading(target, 0, &st, &err);
+  if (!in.valid()) detail::throw_sys_error(err, "open " + target + " to check its reused chunks");
+  for (const Chunk& c : chunks) {
+    if (!range_hashes_to(in.get(), c.begin, c.end, c.hash)) {
+      throw_error(ErrorCode::kHashMismatch,
+                  "the base snapshot's file " + path_ + " changed while this save reused it: " +
+                      "bytes [" + std::to_string(c.begin) + ", " + std::to_string(c.end) +
+                      ") no longer hold what was proven equal; the save is not committed (a "
+                      "snapshot's files must not be modified in place)");
+    }
+  }
+}
+
 void BaseFile::copy_ranges_to(int out, const std::string& target,
                               const std::vector<std::pair<uint64_t, uint64_t>>& ranges) const {
+  detail::test_point("reuse_copy");
   for (const auto& [begin, end] : ranges) {
     const int rc = copy_range(fd_.get(), out, begin, end - begin);
     if (rc < 0) {

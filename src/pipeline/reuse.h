@@ -11,7 +11,13 @@
 // Nothing is reused on the base manifest's word alone: a chunk is skipped only once the base
 // file's bytes have been read and hashed to the value the new chunk has (`holds`), so a base
 // that rotted, was modified in place or swapped for another file is written afresh instead of
-// spreading into the new snapshot.
+// spreading into the new snapshot. The proof is made while the chunk is staged, and the link or
+// copy happens at the commit; two things keep another process from slipping bytes in between:
+//   - a link is made from the descriptor opened and proven (linkat(AT_EMPTY_PATH), or through
+//     /proc/self/fd), never from the path, which a rename may have pointed at another file;
+//   - after linking or copying, the new snapshot's file is read back and each reused chunk
+//     hashed again (`check_reused`), so a base rewritten in place after its proof fails the save
+//     (nothing is committed) instead of committing a chunk that fails verify.
 
 #include <sys/types.h>
 
@@ -38,18 +44,29 @@ class BaseFile {
   /// Thread-safe (positional reads).
   bool holds(uint64_t begin, uint64_t end, uint64_t hash) const;
 
-  /// Makes `target` (which must not exist) hold this file whole: a hard link when `path()` is
-  /// still the file opened, else a copy from the descriptor (fsynced). Returns whether it
-  /// linked. Throws IoError naming both paths.
+  /// Makes `target` (which must not exist) hold this file whole: a hard link to the file
+  /// opened (from its descriptor, whatever `path()` names now), else a copy from the
+  /// descriptor (fsynced). Returns whether it linked. Throws IoError naming both paths.
   bool link_or_copy(const std::string& target) const;
   /// Copies the byte ranges [first, second) into `target` (an existing file) at the same
   /// offsets and fsyncs it. Throws IoError naming both paths.
   void copy_ranges(const std::string& target,
                    const std::vector<std::pair<uint64_t, uint64_t>>& ranges) const;
 
+  /// One reused chunk: bytes [begin, end) and the hash the save staged for them.
+  struct Chunk {
+    uint64_t begin = 0, end = 0, hash = 0;
+  };
+  /// Reads `chunks` back from `target` (the new snapshot's file, after link_or_copy or
+  /// copy_ranges) and checks each hash. Throws Error(kHashMismatch) naming the base file and
+  /// the chunk when the base changed between its proof and the link or copy.
+  void check_reused(const std::string& target, const std::vector<Chunk>& chunks) const;
+
  private:
   void copy_ranges_to(int out, const std::string& target,
                       const std::vector<std::pair<uint64_t, uint64_t>>& ranges) const;
+  // Hard-links the opened file (its descriptor) at `target`: whether it did.
+  bool link_descriptor(const std::string& target) const;
 
   std::string path_;
   uint64_t size_ = 0;

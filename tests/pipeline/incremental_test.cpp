@@ -2,18 +2,24 @@
 // written, whole equal files become hard links, and every snapshot of a chain stays complete on
 // its own whatever else is deleted.
 
+#include <ATen/ATen.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <stdio.h>
 #include <sys/stat.h>
 
-#include <ATen/ATen.h>
-
+#include <atomic>
 #include <filesystem>
+#include <functional>
+#include <mutex>
 #include <random>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "common/test_point.h"
 #include "support/test_util.h"
 #include "tsnap/catalog.h"
 #include "tsnap/error.h"
@@ -82,21 +88,20 @@ TEST(Incremental, ChainWritesOnlyWhatChangedAndEveryLinkLoads) {
   }
   for (int step = 1; step <= 10; ++step) expect_holds(dir / step_name(step), step);
 
-  // The manifest says which files were reused and from where, in format version 2.
+  // The manifest says which files were reused and from where.
   const Manifest m = read_manifest(dir / "s10");
-  EXPECT_EQ(m.format_version, 2);
+  EXPECT_EQ(m.format_version, kFormatVersion);
   std::set<std::string> reused;
   for (const FileRecord& f : m.files) {
     if (f.reused_from.empty()) continue;
     reused.insert(f.name);
     EXPECT_EQ(f.reused_from, "s9");
     EXPECT_FALSE(f.tsnap_id.empty());
-    struct stat st{};
+    struct stat st {};
     ASSERT_EQ(::stat((dir / "s10" / f.name).c_str(), &st), 0);
     EXPECT_GE(st.st_nlink, 2u) << f.name;  // the same inode as s1..s9's file
   }
   EXPECT_GE(reused.size(), 2u);
-  EXPECT_EQ(read_manifest(dir / "s1").format_version, 1);  // nothing reused in the first
 }
 
 // A fine-tune whose frozen and trained tensors interleave by name ("l0.frozen", "l0.trained",
@@ -213,8 +218,8 @@ FileRecord file_of(const Manifest& m, const std::string& key) {
 // that is not what its manifest says is never reused).
 void expect_backbone_written_afresh(const fs::path& dir, int step) {
   expect_holds(dir / step_name(step), step);
-  EXPECT_TRUE(file_of(read_manifest(dir / step_name(step)), "backbone.layer0.weight")
-                  .reused_from.empty())
+  EXPECT_TRUE(
+      file_of(read_manifest(dir / step_name(step)), "backbone.layer0.weight").reused_from.empty())
       << "s" << step << " reused the bad file";
 }
 
@@ -337,7 +342,6 @@ TEST(Incremental, OffByDefaultAndPerSave) {
   SaveHandle full = snap.save_async("b", state_at(2));
   full.wait();
   EXPECT_EQ(full.stats().written_bytes, full.stats().bytes);
-  EXPECT_EQ(read_manifest(dir / "b").format_version, 1);
   SaveOptions inc;
   inc.incremental = true;
   snap.save_async("c", state_at(3), nlohmann::json::object(), inc).wait();  // lays out files
@@ -345,6 +349,156 @@ TEST(Incremental, OffByDefaultAndPerSave) {
   h.wait();
   EXPECT_GT(h.stats().linked_bytes, 0u);
   expect_holds(dir / "d", 4);
+}
+
+// What a neighbour process does at one of the library's test points (common/test_point.h),
+// for the length of one test.
+class AtTestPoint {
+ public:
+  AtTestPoint(std::string point, std::function<void()> action) {
+    std::lock_guard<std::mutex> lock(mu());
+    point_ = std::move(point);
+    action_ = std::move(action);
+    detail::set_test_point_callback([](const char* p) {
+      std::lock_guard<std::mutex> lock(mu());
+      if (action_ && point_ == p) std::exchange(action_, nullptr)();  // once
+    });
+  }
+  ~AtTestPoint() {
+    detail::set_test_point_callback(nullptr);
+    std::lock_guard<std::mutex> lock(mu());
+    action_ = nullptr;
+  }
+  bool fired() const {
+    std::lock_guard<std::mutex> lock(mu());
+    return !action_;
+  }
+
+ private:
+  static std::mutex& mu() {
+    static std::mutex m;
+    return m;
+  }
+  static inline std::string point_;
+  static inline std::function<void()> action_;
+};
+
+// Another writer swaps a base file for a different file of the same size between the proof of
+// its bytes and the link: the link is made from the proven file's descriptor, so the new
+// snapshot holds the proven bytes (a link by path would take the other file).
+TEST(Incremental, ABaseFileSwappedJustBeforeTheLinkIsNotTheOneLinked) {
+  TempDir dir;
+  Snapshotter snap(options_for(dir.path()));
+  snap.save_async("s1", state_at(1)).wait();
+  const std::string file = file_of(read_manifest(dir / "s1"), "backbone.layer0.weight").name;
+  const fs::path base = dir / "s1" / file, imposter = dir / "imposter";
+  fs::copy_file(base, imposter);
+  test_support::flip_byte(imposter, fs::file_size(imposter) - 10);
+  AtTestPoint swap("reuse_link", [&] {
+    ASSERT_EQ(::renameat2(AT_FDCWD, imposter.c_str(), AT_FDCWD, base.c_str(), RENAME_EXCHANGE), 0);
+  });
+  SaveHandle h = snap.save_async("s2", state_at(2));
+  h.wait();
+  EXPECT_TRUE(swap.fired());
+  EXPECT_GT(h.stats().linked_bytes, 0u);
+  expect_holds(dir / "s2", 2);
+}
+
+// The same race, not staged: a writer exchanges a base file with an imposter of the same size
+// over and over while incremental saves run; every committed snapshot verifies.
+TEST(Incremental, SavesRacingRenamesOfTheirBaseFilesCommitOnlyWhatVerifies) {
+  TempDir dir;
+  Snapshotter snap(options_for(dir.path()));
+  snap.save_async("s1", state_at(1)).wait();
+  const std::string file = file_of(read_manifest(dir / "s1"), "backbone.layer0.weight").name;
+  std::atomic<bool> stop{false};
+  std::atomic<int> swaps{0};
+  std::atomic<int> base_step{1};
+  std::thread neighbour([&] {
+    while (!stop) {
+      const fs::path base = dir / step_name(base_step) / file;
+      const fs::path imposter = dir / ("imposter" + std::to_string(base_step.load()));
+      std::error_code ec;
+      if (!fs::exists(imposter, ec)) {
+        if (!fs::copy_file(base, imposter, ec)) continue;
+        test_support::flip_byte(imposter, 4096 + 100);
+      }
+      if (::renameat2(AT_FDCWD, imposter.c_str(), AT_FDCWD, base.c_str(), RENAME_EXCHANGE) == 0) {
+        ++swaps;
+      }
+    }
+  });
+  for (int step = 2; step <= 31; ++step) {
+    SaveHandle h = snap.save_async(step_name(step), state_at(step));
+    try {
+      h.wait();
+    } catch (const Error& e) {
+      // Refused, never committed: a base that changed under the save.
+      EXPECT_EQ(e.code(), ErrorCode::kHashMismatch) << e.what();
+      EXPECT_FALSE(fs::exists(dir / step_name(step)));
+      continue;
+    }
+    const StateDict loaded = load(dir / step_name(step));  // every chunk verified
+    const StateDict expected = state_at(step);
+    for (const auto& [key, entry] : expected) {
+      ASSERT_TRUE(bitwise_equal(loaded.at(key), entry.tensor)) << step << " " << key;
+    }
+    base_step = step;
+  }
+  stop = true;
+  neighbour.join();
+  EXPECT_GT(swaps.load(), 0);
+}
+
+// Another process rewrites a base file in place after its chunks were proven and before they
+// are copied: the copied bytes are checked again, so the save fails (naming the base file)
+// instead of committing a chunk that fails verify; the base stays as the neighbour left it.
+TEST(Incremental, ABaseModifiedInPlaceBeforeItsChunksAreCopiedFailsTheSave) {
+  TempDir dir;
+  Snapshotter snap(options_for(dir.path()));
+  StateDict a;
+  a.insert("big", make_tensor(at::kFloat, {4 * static_cast<int64_t>(kChunk) / 4}, 1));  // 4 chunks
+  snap.save_async("a", a).wait();
+  const Manifest ma = read_manifest(dir / "a");
+  const TensorRecord* t = ma.find("big");
+  ASSERT_NE(t, nullptr);
+  const fs::path base = dir / "a" / t->file;
+  AtTestPoint rewrite("reuse_copy", [&] { test_support::flip_byte(base, t->begin + 100); });
+  at::Tensor changed = a.at("big").clone();
+  changed[-1] = 12345.0f;  // only the last chunk differs: chunks 0-2 are copied
+  StateDict b;
+  b.insert("big", changed);
+  SaveHandle h = snap.save_async("b", b);
+  try {
+    h.wait();
+    ADD_FAILURE() << "a save that copied a changed base chunk committed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kHashMismatch) << e.what();
+    EXPECT_NE(std::string(e.what()).find(base.string()), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(rewrite.fired());
+  EXPECT_FALSE(fs::exists(dir / "b"));
+  // The next save proves the base again and writes what changed.
+  SaveHandle again = snap.save_async("b", b);
+  again.wait();
+  EXPECT_TRUE(verify(dir / "b").empty());
+  EXPECT_TRUE(bitwise_equal(load(dir / "b").at("big"), changed));
+}
+
+// The same for a file linked whole: a link shares the base's inode, so a change in place
+// between the proof and the link is caught by reading the linked file back.
+TEST(Incremental, ABaseModifiedInPlaceBeforeItIsLinkedFailsTheSave) {
+  TempDir dir;
+  Snapshotter snap(options_for(dir.path()));
+  snap.save_async("s1", state_at(1)).wait();
+  const Manifest m1 = read_manifest(dir / "s1");
+  const FileRecord file = file_of(m1, "backbone.layer0.weight");
+  const fs::path base = dir / "s1" / file.name;
+  AtTestPoint rewrite("reuse_link", [&] { test_support::flip_byte(base, file.data_offset + 7); });
+  SaveHandle h = snap.save_async("s2", state_at(2));
+  EXPECT_THROW(h.wait(), FormatError);
+  EXPECT_TRUE(rewrite.fired());
+  EXPECT_FALSE(fs::exists(dir / "s2"));
 }
 
 }  // namespace
