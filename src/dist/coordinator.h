@@ -1,8 +1,10 @@
 #pragma once
 // What a distributed save needs from its process group: agreeing on save ids, publishing each
 // rank's report, and rank 0's verdict. The pipeline and the periodic hooks see only this
-// interface, which a tsnap::DistGroup hands them (dist_group.cpp implements it over a c10d Store);
-// tests can fake it. dist/ sits below pipeline/, which takes a DistGroup in its options.
+// interface, which a tsnap::DistGroup hands them. Its one implementation is dist_group.cpp's,
+// over a c10d Store, and a DistGroup always makes that one itself (nothing can pass another
+// in), so tests exercise it over a real store: a TCPStore between rank processes, or a
+// HashStore in one process. dist/ sits below pipeline/, which takes a DistGroup in its options.
 
 #include <string>
 #include <vector>

@@ -9,13 +9,15 @@
 
 #include "tsnap/dist_group.h"
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "common/hidden.h"
 #include "common/sys_error.h"
@@ -25,6 +27,8 @@
 
 namespace tsnap {
 namespace {
+
+using nlohmann::json;
 
 std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
 std::string string_of(const std::vector<uint8_t>& b) { return {b.begin(), b.end()}; }
@@ -38,7 +42,9 @@ class StoreCoordinator final : public dist::Coordinator {
  public:
   StoreCoordinator(c10::intrusive_ptr<c10d::Store> store, int rank, int world_size,
                    DistOptions options)
-      : store_(std::move(store)), rank_(rank), world_size_(world_size),
+      : store_(std::move(store)),
+        rank_(rank),
+        world_size_(world_size),
         options_(std::move(options)) {
     const std::string run_key = options_.prefix + "/run";
     try {
@@ -46,13 +52,14 @@ class StoreCoordinator final : public dist::Coordinator {
       store_->wait({run_key}, options_.timeout);
       run_ = string_of(store_->get(run_key));
     } catch (const std::exception& e) {
-      throw_error(ErrorCode::kPeerFailed, "rank " + std::to_string(rank_) +
-                                              ": the group did not form within " +
-                                              seconds_text(options_.timeout) +
-                                              " (rank 0 must join too): " + detail::first_line(e.what()));
+      throw_error(ErrorCode::kPeerFailed,
+                  "rank " + std::to_string(rank_) + ": the group did not form within " +
+                      seconds_text(options_.timeout) +
+                      " (rank 0 must join too): " + detail::first_line(e.what()));
     }
     if (!format::is_temporary(format::temporary_name("x", run_))) {
-      throw_error(ErrorCode::kPeerFailed, "the group's id '" + run_ + "' in the store is not tsnap's");
+      throw_error(ErrorCode::kPeerFailed,
+                  "the group's id '" + run_ + "' in the store is not tsnap's");
     }
   }
 
@@ -79,19 +86,25 @@ class StoreCoordinator final : public dist::Coordinator {
     const uint64_t n = saves_of_[name]++;
     const std::string id = format::group_save_id(run_, name, n);
     // The store keys of a save are its name's, which cannot collide as 32-bit ids could.
-    slots_[id] = name + "#" + std::to_string(n);
+    slots_[id] = {name, name + "#" + std::to_string(n), started_++};
     return id;
   }
 
   void publish(const std::string& id, const std::string& report) override {
-    guarded("publish its part of save " + id, [&] { store_->set(key(id, rank_), bytes_of(report)); });
+    guarded("publish its part of " + describe(id), [&] {
+      store_->set(key(id, rank_), bytes_of(report));
+      // Which save this rank is at, so that a rank left waiting can tell a rank that saves
+      // another snapshot from one that is dead or stuck.
+      const Slot s = slot_of(id);
+      store_->set(latest_key(rank_), bytes_of(std::to_string(s.sequence) + " " + s.key));
+    });
   }
 
   std::vector<std::string> gather(const std::string& id) override {
     std::vector<std::string> keys;
     for (int r = 0; r < world_size_; ++r) keys.push_back(key(id, r));
     bool all = false;
-    guarded("wait for the ranks' parts of save " + id,
+    guarded("wait for the ranks' parts of " + describe(id),
             [&] { all = wait_for(keys, options_.timeout); });
     if (!all) {
       std::string missing;
@@ -107,15 +120,33 @@ class StoreCoordinator final : public dist::Coordinator {
           ++count;
         }
       }
+      if (const std::optional<Other> other = other_save(id, first_missing(keys))) {
+        // Rank 0 may host the store: it tells that rank, which waits for an outcome of its
+        // own save, before it ends.
+        const std::string theirs = disagreement(other->rank, other->name, rank_, slot_of(id).name);
+        try {
+          const std::string prefix = options_.prefix + "/" + run_ + "/" + other->slot;
+          const json verdict = {{"code", static_cast<int>(ErrorCode::kPeerFailed)},
+                                {"message", theirs}};
+          store_->set(prefix + "/outcome", bytes_of(verdict.dump()));
+          const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
+          while (store_->add(prefix + "/acks", 0) < 1 &&
+                 std::chrono::steady_clock::now() < deadline) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          }
+        } catch (const std::exception&) {
+        }
+        throw_error(ErrorCode::kPeerFailed,
+                    disagreement(rank_, slot_of(id).name, other->rank, other->name));
+      }
       throw_error(ErrorCode::kPeerFailed,
-                  std::string(count == 1 ? "rank " : "ranks ") + missing +
-                      " did not report on save " + id + " within " +
-                      seconds_text(options_.timeout) +
+                  std::string(count == 1 ? "rank " : "ranks ") + missing + " did not report on " +
+                      describe(id) + " within " + seconds_text(options_.timeout) +
                       " (dead, stuck, or not saving this snapshot: every rank must call "
                       "save_async with the same name)");
     }
     std::vector<std::string> reports;
-    guarded("read the ranks' parts of save " + id, [&] {
+    guarded("read the ranks' parts of " + describe(id), [&] {
       for (const std::string& k : keys) {
         reports.push_back(string_of(store_->get(k)));
         store_->deleteKey(k);
@@ -125,20 +156,20 @@ class StoreCoordinator final : public dist::Coordinator {
   }
 
   void decide(const std::string& id, const std::string& outcome) override {
-    guarded("publish the outcome of save " + id,
+    guarded("publish the outcome of " + describe(id),
             [&] { store_->set(outcome_key(id), bytes_of(outcome)); });
   }
 
   void acknowledge(const std::string& id) override {
-    guarded("acknowledge save " + id, [&] { store_->add(acks_key(id), 1); });
+    guarded("acknowledge " + describe(id), [&] { store_->add(acks_key(id), 1); });
   }
 
   void await_acknowledgements(const std::string& id, int count) noexcept override {
+    if (over_) return;
     const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
     auto pause = std::chrono::microseconds(200);
     try {
-      while (store_->add(acks_key(id), 0) < count &&
-             std::chrono::steady_clock::now() < deadline) {
+      while (store_->add(acks_key(id), 0) < count && std::chrono::steady_clock::now() < deadline) {
         std::this_thread::sleep_for(pause);
         pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(20));
       }
@@ -148,6 +179,7 @@ class StoreCoordinator final : public dist::Coordinator {
 
   int reported_others(const std::string& id) noexcept override {
     int n = 0;
+    if (over_) return n;
     for (int r = 1; r < world_size_; ++r) {
       try {
         n += store_->check({key(id, r)}) ? 1 : 0;
@@ -178,25 +210,95 @@ class StoreCoordinator final : public dist::Coordinator {
   std::string outcome(const std::string& id) override {
     const std::string k = outcome_key(id);
     bool there = false;
-    guarded("wait for rank 0's outcome of save " + id,
+    guarded("wait for rank 0's outcome of " + describe(id),
             [&] { there = wait_for({k}, 2 * options_.timeout); });
     if (!there) {
+      if (const std::optional<Other> other = other_save(id, 0)) {
+        throw_error(ErrorCode::kPeerFailed,
+                    disagreement(rank_, slot_of(id).name, other->rank, other->name));
+      }
       throw_error(ErrorCode::kPeerFailed,
-                  "rank 0 gave no outcome of save " + id + " within " +
+                  "rank 0 gave no outcome of " + describe(id) + " within " +
                       seconds_text(2 * options_.timeout) +
                       " (dead or stuck; nothing was committed by this rank)");
     }
     std::string out;
-    guarded("read the outcome of save " + id, [&] { out = string_of(store_->get(k)); });
+    guarded("read the outcome of " + describe(id), [&] { out = string_of(store_->get(k)); });
     return out;
   }
 
  private:
-  // The store prefix of save `id`'s keys.
-  std::string slot(const std::string& id) const {
+  // A save of this rank: its snapshot's name, its store slot ("<name>#<n>"), and how many
+  // saves this rank started before it.
+  struct Slot {
+    std::string name;
+    std::string key;
+    uint64_t sequence = 0;
+  };
+  Slot slot_of(const std::string& id) const {
     std::lock_guard<std::mutex> lock(mu_);
     const auto it = slots_.find(id);
-    return options_.prefix + "/" + run_ + "/" + (it == slots_.end() ? id : it->second);
+    return it == slots_.end() ? Slot{"", id, 0} : it->second;
+  }
+  // How messages name save `id`: by its snapshot's name, which the user knows.
+  std::string describe(const std::string& id) const {
+    const Slot s = slot_of(id);
+    return s.name.empty() ? "save " + id : "the save of snapshot '" + s.name + "'";
+  }
+  // The store prefix of save `id`'s keys.
+  std::string slot(const std::string& id) const {
+    return options_.prefix + "/" + run_ + "/" + slot_of(id).key;
+  }
+  std::string latest_key(int r) const {
+    return options_.prefix + "/" + run_ + "/latest-rank-" + std::to_string(r);
+  }
+  // The first rank (of `keys`, one per rank) that has not reported; -1 when none.
+  int first_missing(const std::vector<std::string>& keys) {
+    for (int r = 0; r < world_size_; ++r) {
+      try {
+        if (!store_->check({keys[r]})) return r;
+      } catch (const std::exception&) {
+        return -1;
+      }
+    }
+    return -1;
+  }
+  // Another rank's save that should have been the same as this rank's save `id`.
+  struct Other {
+    int rank;
+    std::string name;  // its snapshot's name
+    std::string slot;  // its store slot
+  };
+  // When rank `r` published its part of a save it started as the same one in sequence as
+  // save `id` but of another snapshot name, that save; else nullopt (behind, or the same).
+  std::optional<Other> other_save(const std::string& id, int r) {
+    if (r < 0 || over_) return std::nullopt;
+    std::string latest;
+    try {
+      const std::string k = latest_key(r);
+      if (!store_->check({k})) return std::nullopt;
+      latest = string_of(store_->get(k));
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+    const Slot mine = slot_of(id);
+    const size_t space = latest.find(' '), hash = latest.rfind('#');
+    if (space == std::string::npos || hash == std::string::npos || hash < space ||
+        mine.name.empty()) {
+      return std::nullopt;
+    }
+    const std::string slot = latest.substr(space + 1);
+    const std::string name = latest.substr(space + 1, hash - space - 1);
+    if (latest.substr(0, space) != std::to_string(mine.sequence) || name == mine.name) {
+      return std::nullopt;
+    }
+    return Other{r, name, slot};
+  }
+  static std::string disagreement(int rank, const std::string& name, int other_rank,
+                                  const std::string& other_name) {
+    return "the ranks disagree on the snapshot's name: rank " + std::to_string(rank) + " saves '" +
+           name + "' while rank " + std::to_string(other_rank) + " saves '" + other_name +
+           "' (every rank must call save_async with the same name, in the same order)";
   }
   std::string key(const std::string& id, int r) const {
     return slot(id) + "/rank-" + std::to_string(r);
@@ -207,15 +309,31 @@ class StoreCoordinator final : public dist::Coordinator {
   std::string acks_key(const std::string& id) const { return slot(id) + "/acks"; }
   std::string outcome_key(const std::string& id) const { return slot(id) + "/outcome"; }
   // Store failures (a lost connection: the rank hosting the store died) become kPeerFailed.
+  // After the first one the group is over: later calls fail at once without touching the
+  // store (each failed call would wait on the dead connection, and LibTorch may print it).
   template <class F>
   void guarded(const std::string& what, F&& f) {
+    const auto failure = [&](const std::string& cause) {
+      return "rank " + std::to_string(rank_) + " could not " + what +
+             " through the store (the rank that hosts it, usually rank 0, may have ended): " +
+             cause;
+    };
+    if (over_) {
+      std::lock_guard<std::mutex> lock(mu_);
+      throw_error(ErrorCode::kPeerFailed, failure(over_cause_));
+    }
     try {
       f();
+    } catch (const Error&) {
+      throw;
     } catch (const std::exception& e) {
-      throw_error(ErrorCode::kPeerFailed,
-                  "rank " + std::to_string(rank_) + " could not " + what +
-                      " through the store (the rank that hosts it, usually rank 0, may have "
-                      "ended): " + detail::first_line(e.what()));
+      const std::string cause = detail::first_line(e.what());
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!over_) over_cause_ = cause;
+      }
+      over_ = true;
+      throw_error(ErrorCode::kPeerFailed, failure(cause));
     }
   }
 
@@ -225,8 +343,11 @@ class StoreCoordinator final : public dist::Coordinator {
   DistOptions options_;
   std::string run_;
   mutable std::mutex mu_;
-  std::map<std::string, uint64_t> saves_of_;     // name -> saves of it started so far
-  std::map<std::string, std::string> slots_;     // save id -> "<name>#<n>"
+  std::map<std::string, uint64_t> saves_of_;  // name -> saves of it started so far
+  std::map<std::string, Slot> slots_;         // save id -> its slot
+  uint64_t started_ = 0;                      // saves started (save_id calls)
+  std::atomic<bool> over_{false};             // a store call failed: the group is over
+  std::string over_cause_;                    // the first failure's message (under mu_)
 };
 
 int env_int(const char* name, int lo, int hi) {
@@ -238,10 +359,9 @@ int env_int(const char* name, int lo, int hi) {
   char* end = nullptr;
   const long n = std::strtol(v, &end, 10);
   if (*end != '\0' || n < lo || n > hi) {
-    throw_error(ErrorCode::kInvalidArgument, std::string("environment variable ") + name + "=" +
-                                                 v + " is not an integer in [" +
-                                                 std::to_string(lo) + ", " + std::to_string(hi) +
-                                                 "]");
+    throw_error(ErrorCode::kInvalidArgument, std::string("environment variable ") + name + "=" + v +
+                                                 " is not an integer in [" + std::to_string(lo) +
+                                                 ", " + std::to_string(hi) + "]");
   }
   return static_cast<int>(n);
 }
@@ -257,16 +377,16 @@ DistGroup::DistGroup(c10::intrusive_ptr<c10d::Store> store, int rank, int world_
     : rank_(rank), world_size_(world_size), impl_(std::make_unique<Impl>()) {
   if (!store) throw_error(ErrorCode::kInvalidArgument, "DistGroup needs a store");
   if (world_size < 1 || rank < 0 || rank >= world_size) {
-    throw_error(ErrorCode::kInvalidArgument, "rank " + std::to_string(rank) +
-                                                 " is not in a group of " +
-                                                 std::to_string(world_size));
+    throw_error(
+        ErrorCode::kInvalidArgument,
+        "rank " + std::to_string(rank) + " is not in a group of " + std::to_string(world_size));
   }
   if (options.timeout.count() <= 0) {
     throw_error(ErrorCode::kInvalidArgument, "DistOptions::timeout must be positive");
   }
   impl_->store = store;
-  coordinator_ = std::make_shared<StoreCoordinator>(std::move(store), rank, world_size,
-                                                    std::move(options));
+  coordinator_ =
+      std::make_shared<StoreCoordinator>(std::move(store), rank, world_size, std::move(options));
 }
 
 DistGroup::~DistGroup() = default;
@@ -292,10 +412,9 @@ std::shared_ptr<DistGroup> DistGroup::from_env(DistOptions options) {
   try {
     store = c10::make_intrusive<c10d::TCPStore>(addr, o);
   } catch (const std::exception& e) {
-    throw_error(ErrorCode::kPeerFailed, "rank " + std::to_string(rank) +
-                                            " could not reach the store at " + addr + ":" +
-                                            std::to_string(port) + ": " +
-                                            detail::first_line(e.what()));
+    throw_error(ErrorCode::kPeerFailed,
+                "rank " + std::to_string(rank) + " could not reach the store at " + addr + ":" +
+                    std::to_string(port) + ": " + detail::first_line(e.what()));
   }
   return std::make_shared<DistGroup>(std::move(store), rank, world, std::move(options));
 }

@@ -20,8 +20,8 @@ using nlohmann::json;
 // A replicated entry "<key> <dtype> <shape>" split into its key and the rest.
 std::pair<std::string, std::string> split_entry(const std::string& entry) {
   const size_t shape = entry.rfind(" [");
-  const size_t dtype = shape == std::string::npos || shape == 0 ? std::string::npos
-                                                                 : entry.rfind(' ', shape - 1);
+  const size_t dtype =
+      shape == std::string::npos || shape == 0 ? std::string::npos : entry.rfind(' ', shape - 1);
   if (dtype == std::string::npos) return {entry, ""};
   return {entry.substr(0, dtype), entry.substr(dtype + 1)};
 }
@@ -71,9 +71,20 @@ json error_json(std::exception_ptr e) {
 
 std::exception_ptr error_from_json(const json& j) {
   const int code = j.value("code", static_cast<int>(ErrorCode::kInternal));
-  const bool known = code >= 0 && code <= static_cast<int>(ErrorCode::kInternal);
+  const bool known = code >= 0 && code <= static_cast<int>(ErrorCode::kStale);
   return make_error(known ? static_cast<ErrorCode>(code) : ErrorCode::kInternal,
                     j.value("message", std::string("(no message)")), j.value("errno", 0));
+}
+
+json peer_failed(const json& error, int rank) {
+  json e = error;
+  const int code = e.value("code", static_cast<int>(ErrorCode::kInternal));
+  const bool known = code >= 0 && code <= static_cast<int>(ErrorCode::kStale);
+  e["message"] = "rank " + std::to_string(rank) + " failed (" +
+                 to_string(known ? static_cast<ErrorCode>(code) : ErrorCode::kInternal) +
+                 "): " + e.value("message", std::string());
+  e["code"] = static_cast<int>(ErrorCode::kPeerFailed);
+  return e;
 }
 
 void report_no_part(dist::Coordinator& coordinator, const std::string& id, const std::string& name,
@@ -81,8 +92,7 @@ void report_no_part(dist::Coordinator& coordinator, const std::string& id, const
   try {
     json e = error_json(error);
     if (coordinator.rank() == 0) {
-      e["message"] = "rank 0 failed: " + e["message"].get<std::string>();
-      coordinator.decide(id, e.dump());
+      coordinator.decide(id, peer_failed(e, 0).dump());
     } else {
       coordinator.publish(id, json{{"name", name}, {"error", e}}.dump());
       coordinator.acknowledge(id);
@@ -105,9 +115,7 @@ std::string merge_parts(const std::vector<std::string>& reports, const json& met
   }
   for (size_t r = 0; r < parsed.size(); ++r) {
     if (const auto it = parsed[r].find("error"); it != parsed[r].end()) {
-      json e = *it;
-      e["message"] = "rank " + std::to_string(r) + " failed: " + e.value("message", "");
-      std::rethrow_exception(error_from_json(e));
+      std::rethrow_exception(error_from_json(peer_failed(*it, static_cast<int>(r))));
     }
   }
   const std::string name = parsed[0].value("name", "");
@@ -117,16 +125,26 @@ std::string merge_parts(const std::vector<std::string>& reports, const json& met
     if (other != name) {
       disagree("rank 0 saves '" + name + "', rank " + std::to_string(r) + " saves '" + other + "'");
     }
-    const std::string diff = first_difference(
-        replicated0, 0, parsed[r].value("replicated", std::vector<std::string>{}),
-        static_cast<int>(r));
+    const std::string diff =
+        first_difference(replicated0, 0, parsed[r].value("replicated", std::vector<std::string>{}),
+                         static_cast<int>(r));
     if (!diff.empty()) disagree(diff);
   }
 
   Manifest merged;
+  // A key is unchanged when every rank that holds a piece of it found that piece unchanged.
+  std::map<std::string, std::pair<size_t, size_t>> unchanged;  // key: (holders, unchanged)
+  bool compared = true;
   for (size_t r = 0; r < parsed.size(); ++r) {
     const std::string label = "rank " + std::to_string(r) + "'s manifest part";
     Manifest part = format::parse_manifest(parsed[r].value("manifest", ""), label);
+    compared = compared && !part.unchanged_since.empty();
+    std::string last;
+    for (const TensorRecord& t : part.tensors) {
+      if (t.name != last) ++unchanged[t.name].first;
+      last = t.name;
+    }
+    for (const std::string& k : part.unchanged) ++unchanged[k].second;
     if (r == 0) {
       merged = std::move(part);
       continue;
@@ -135,6 +153,11 @@ std::string merge_parts(const std::vector<std::string>& reports, const json& met
     for (TensorRecord& t : part.tensors) merged.tensors.push_back(std::move(t));
   }
   merged.metadata = metadata;
+  merged.unchanged.clear();
+  if (!compared) merged.unchanged_since.clear();
+  for (const auto& [key, counts] : unchanged) {
+    if (compared && counts.first == counts.second) merged.unchanged.push_back(key);
+  }
   std::string text;
   try {
     text = format::manifest_to_text(merged);

@@ -21,6 +21,10 @@ nlohmann::json error_json(std::exception_ptr e);
 /// The error `j` (from error_json) describes, rebuilt as the tsnap::Error subclass of its code.
 std::exception_ptr error_from_json(const nlohmann::json& j);
 
+/// Rank `rank`'s error `error` (from error_json) as the other ranks get it: kPeerFailed, its
+/// message prefixed with "rank <rank> failed (<its code>): ".
+nlohmann::json peer_failed(const nlohmann::json& error, int rank);
+
 /// A rank that cannot take part in save `id` (its save_async threw, or a periodic hook learned
 /// of the snapshot too late) reports `error` at once: rank 0 decides the save failed, another
 /// rank posts its error for rank 0; either way the other ranks fail now, not on the timeout,

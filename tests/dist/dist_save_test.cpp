@@ -109,6 +109,13 @@ const char* env(const char* name) {
 // What a rank reports to the parent: "ok", or "error <code> <message>".
 void report(const fs::path& file, const std::string& text) { std::ofstream(file) << text; }
 
+// How many times `part` occurs in `text`.
+int occurrences(const std::string& text, const std::string& part) {
+  int n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
 std::string outcome_of(SaveHandle& h) {
   try {
     h.wait();
@@ -324,8 +331,12 @@ void run_rank() {
     };
     std::string text;
     {
-      PeriodicSnapshots hook(snap, Schedule({.every_steps = 5, .every_seconds = 0.05}),
-                             [&] { return Checkpoint::of({{"state", sd}}); }, popt);
+      PeriodicSnapshots hook(
+          snap, Schedule({.every_steps = 5, .every_seconds = 0.05}),
+          [&] {
+            return Checkpoint::of({{"state", sd}});
+          },
+          popt);
       for (int64_t step = 1; step <= 80; ++step) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
         if (rank == 0 && step == 20) std::_Exit(0);
@@ -341,10 +352,31 @@ void run_rank() {
     int ended = 0, backtraces = 0;
     for (const std::string& line : lines) {
       ended += line.find("store cannot be reached") != std::string::npos;
-      backtraces += line.find("frame #") != std::string::npos || line.find('\n') != std::string::npos;
+      backtraces +=
+          line.find("frame #") != std::string::npos || line.find('\n') != std::string::npos;
     }
     report(out, text + " ended-lines " + std::to_string(ended) + " backtraces " +
                     std::to_string(backtraces));
+  } else if (scenario == "bad_piece") {
+    // Rank 1's own piece lies outside its global shape: its save_async refuses it; rank 0 is
+    // told that rank 1 failed, and why.
+    Snapshotter snap(o);
+    StateDict sd;
+    sd.insert("sh", make_tensor(at::kFloat, {4, 3}, 1), {},
+              ShardSpec{{8, 3}, {rank == 1 ? 6 : 0, 0}});
+    std::string text;
+    try {
+      SaveHandle h = snap.save_async("snap", sd);
+      text = outcome_of(h);
+    } catch (const Error& e) {
+      text = "error " + std::to_string(static_cast<int>(e.code())) + " " + e.what();
+    }
+    report(out, text);
+  } else if (scenario == "name_differs") {
+    // Rank 1 saves under another name: both are told the ranks disagree on the name.
+    Snapshotter snap(o);
+    SaveHandle h = snap.save_async(rank == 0 ? "a" : "b", replicated_state());
+    report(out, outcome_of(h));
   } else if (scenario == "pieces_overlap") {
     // Rank 0 claims rows [0, 4) of a global tensor, rank 1 rows [2, 6).
     Snapshotter snap(o);
@@ -362,8 +394,12 @@ void run_rank() {
     sd.insert("w", make_tensor(at::kFloat, {1000}, 0));
     PeriodicSnapshots hook(
         snap,
-        Schedule({.every_steps = 4, .every_seconds = 0.15, .on_signals = {SIGUSR1}, .keep_last = 2}),
-        [&] { return Checkpoint::of({{"state", sd}}); }, {.log = nullptr});
+        Schedule(
+            {.every_steps = 4, .every_seconds = 0.15, .on_signals = {SIGUSR1}, .keep_last = 2}),
+        [&] {
+          return Checkpoint::of({{"state", sd}});
+        },
+        {.log = nullptr});
     int64_t step = 0;
     while (step < 400 && !hook.stop_requested()) {
       all_reduce_sum(group, 1.0);
@@ -388,7 +424,10 @@ void run_rank() {
     StateDict sd;
     sd.insert("w", make_tensor(at::kFloat, {1000}, 0));
     PeriodicSnapshots hook(snap, Schedule({.on_signals = {SIGUSR1}}),
-                           [&] { return Checkpoint::of({{"state", sd}}); }, {.log = nullptr});
+                           [&] {
+                             return Checkpoint::of({{"state", sd}});
+                           },
+                           {.log = nullptr});
     const auto began = std::chrono::steady_clock::now();
     int64_t step = 0;
     std::string threw = "nothing";
@@ -416,9 +455,13 @@ void run_rank() {
     StateDict sd;
     sd.insert("w", at::zeros({1000}, at::kFloat));
     PeriodicSnapshots hook(snap, Schedule({.every_steps = 4}),
-                           [&] { return Checkpoint::of({{"state", sd}}); }, {.log = nullptr});
+                           [&] {
+                             return Checkpoint::of({{"state", sd}});
+                           },
+                           {.log = nullptr});
     const int64_t step = hook.resume([&](Checkpoint& c) { c.apply({{"state", sd}}); });
-    const bool same = bitwise_equal(sd.at("w"), make_tensor(at::kFloat, {1000}, static_cast<uint64_t>(step)));
+    const bool same =
+        bitwise_equal(sd.at("w"), make_tensor(at::kFloat, {1000}, static_cast<uint64_t>(step)));
     report(out, "resumed " + std::to_string(step) + (same ? " equal" : " DIFFERENT"));
   } else {
     report(out, "error unknown scenario " + scenario);
@@ -547,7 +590,7 @@ TEST(DistSave, IncrementalChainReusesEachRanksFilesAndLoadsWhole) {
     }
   }
   const Manifest m3 = read_manifest(dir / "root" / "s3");
-  EXPECT_EQ(m3.format_version, 2);
+  EXPECT_EQ(m3.format_version, kFormatVersion);
   std::set<int> reusing_ranks;
   for (const FileRecord& f : m3.files) {
     if (f.reused_from == "s2") reusing_ranks.insert(f.rank);
@@ -573,7 +616,7 @@ TEST(DistSave, DurableTierIsDrainedByRankZero) {
   }
   int linked = 0;
   for (const FileRecord& f : read_manifest(dir / "durable" / "s2").files) {
-    struct stat st{};
+    struct stat st {};
     ASSERT_EQ(::stat((dir / "durable" / "s2" / f.name).c_str(), &st), 0);
     if (!f.reused_from.empty() && st.st_nlink >= 2) ++linked;
   }
@@ -657,6 +700,7 @@ TEST(DistSave, KilledStoreHostFailsTheOthersAtOnceSayingWhy) {
     EXPECT_NE(text.find("through the store"), std::string::npos) << text;
     EXPECT_EQ(text.find("within"), std::string::npos) << "not a timeout: " << text;
     EXPECT_EQ(text.find("frame #"), std::string::npos) << "no backtrace: " << text;
+    EXPECT_LE(occurrences(ranks.errs[r], "frame #0:"), 1) << "stderr: " << ranks.errs[r];
     EXPECT_NE(text.find(" FAST"), std::string::npos) << text;
   }
   EXPECT_FALSE(fs::exists(dir / "root" / "second"));
@@ -690,8 +734,8 @@ TEST(DistSave, ASaveOneRankSkippedFailsAndTheNextSavesSucceedOnEveryRank) {
   TempDir dir;
   const Ranks ranks = run_ranks("skipped", 4, dir.path(), 3000);
   for (int r = 0; r < 4; ++r) {
-    EXPECT_EQ(ranks.texts[r], std::string(r == 3 ? "bad-skipped" : "bad-failed") +
-                                  " after=ok after2=ok after3=ok")
+    EXPECT_EQ(ranks.texts[r],
+              std::string(r == 3 ? "bad-skipped" : "bad-failed") + " after=ok after2=ok after3=ok")
         << "rank " << r;
   }
   EXPECT_FALSE(fs::exists(dir / "root" / "bad"));
@@ -705,9 +749,11 @@ TEST(DistSave, RanksWithAnotherDtypeGetPeerFailedNamingBothDtypes) {
   const Ranks ranks = run_ranks("dtype_differs", 2, dir.path(), 20000);
   const std::string code = std::to_string(static_cast<int>(ErrorCode::kPeerFailed));
   for (int r = 0; r < 2; ++r) {
-    EXPECT_EQ(ranks.texts[r].rfind("error " + code + " ", 0), 0u) << "rank " << r << ": " << ranks.texts[r];
-    EXPECT_NE(ranks.texts[r].find("'rep.big4' is F32 [64, 64] on rank 0 but F64 [64, 64] on rank 1"),
-              std::string::npos)
+    EXPECT_EQ(ranks.texts[r].rfind("error " + code + " ", 0), 0u)
+        << "rank " << r << ": " << ranks.texts[r];
+    EXPECT_NE(
+        ranks.texts[r].find("'rep.big4' is F32 [64, 64] on rank 0 but F64 [64, 64] on rank 1"),
+        std::string::npos)
         << "rank " << r << ": " << ranks.texts[r];
   }
   EXPECT_FALSE(fs::exists(dir / "root" / "snap"));
@@ -721,8 +767,39 @@ TEST(DistPeriodic, ARankOutlivingTheStoreHostLogsOneLineAndEndsCleanly) {
   ASSERT_TRUE(WIFEXITED(ranks.statuses[1])) << "rank 1 did not end";
   EXPECT_EQ(WEXITSTATUS(ranks.statuses[1]), 0);
   EXPECT_NE(ranks.texts[1].find("ended-lines 1 backtraces 0"), std::string::npos) << ranks.texts[1];
+  // The first store call that fails makes LibTorch's TCPStore log one warning with a backtrace
+  // (c10d's own logging, which TORCH_CPP_LOG_LEVEL=ERROR silences); no call follows it.
+  EXPECT_LE(occurrences(ranks.errs[1], "frame #0:"), 1) << "stderr: " << ranks.errs[1];
   EXPECT_EQ(ranks.texts[1].rfind("finished", 0), 0u) << ranks.texts[1];
   EXPECT_LT(took, 30.0);
+}
+
+TEST(DistSave, ARankWhoseOwnPieceIsInvalidFailsTheOthersWithPeerFailedNamingIt) {
+  TempDir dir;
+  const Ranks ranks = run_ranks("bad_piece", 2, dir.path(), 5000);
+  const std::string peer = "error " + std::to_string(static_cast<int>(ErrorCode::kPeerFailed));
+  const std::string invalid =
+      "error " + std::to_string(static_cast<int>(ErrorCode::kInvalidArgument));
+  EXPECT_EQ(ranks.texts[1].rfind(invalid, 0), 0u) << ranks.texts[1];
+  EXPECT_EQ(ranks.texts[0].rfind(peer + " ", 0), 0u) << ranks.texts[0];
+  EXPECT_NE(ranks.texts[0].find("rank 1 failed (invalid_argument)"), std::string::npos)
+      << ranks.texts[0];
+  EXPECT_NE(ranks.texts[0].find("'sh'"), std::string::npos) << ranks.texts[0];
+  EXPECT_FALSE(fs::exists(dir / "root" / "snap"));
+}
+
+TEST(DistSave, RanksThatSaveUnderOtherNamesAreToldTheyDisagreeOnTheName) {
+  TempDir dir;
+  const Ranks ranks = run_ranks("name_differs", 2, dir.path(), 2000);
+  for (int r = 0; r < 2; ++r) {
+    const std::string& text = ranks.texts[r];
+    EXPECT_NE(text.find("the ranks disagree on the snapshot's name"), std::string::npos)
+        << "rank " << r << ": " << text;
+    EXPECT_NE(text.find(r == 0 ? "rank 1 saves 'b'" : "rank 0 saves 'a'"), std::string::npos)
+        << "rank " << r << ": " << text;
+    EXPECT_EQ(text.find("dead or stuck"), std::string::npos) << text;
+    EXPECT_EQ(text.find("save 18"), std::string::npos) << "an opaque save id: " << text;
+  }
 }
 
 TEST(DistSave, RanksWhosePiecesOverlapGetAClearErrorAndNoSnapshot) {
@@ -756,7 +833,8 @@ TEST(DistPeriodic, SignalOnOneRankStopsAllAfterOneFinalSnapshotAndTheyResumeAlik
   const fs::path root = dir / "root";
   const auto newest = latest(root);
   ASSERT_TRUE(newest.has_value());
-  EXPECT_EQ(newest->filename().string(), "step-" + std::string(8 - std::to_string(stop).size(), '0') + std::to_string(stop));
+  EXPECT_EQ(newest->filename().string(),
+            "step-" + std::string(8 - std::to_string(stop).size(), '0') + std::to_string(stop));
   EXPECT_EQ(list(root).size(), 2u) << "retention keeps 2 (rank 0 alone deletes)";
   EXPECT_TRUE(verify(*newest).empty());
 
@@ -771,16 +849,21 @@ TEST(DistPeriodic, SignalOnOneRankStopsAllAfterOneFinalSnapshotAndTheyResumeAlik
   StateDict sd;
   sd.insert("w", at::zeros({1000}, at::kFloat));
   PeriodicSnapshots hook(alone, Schedule({.every_steps = 4}),
-                         [&] { return Checkpoint::of({{"state", sd}}); }, {.log = nullptr});
+                         [&] {
+                           return Checkpoint::of({{"state", sd}});
+                         },
+                         {.log = nullptr});
   EXPECT_EQ(hook.resume([&](Checkpoint& c) { c.apply({{"state", sd}}); }), stop);
-  EXPECT_TRUE(bitwise_equal(sd.at("w"), make_tensor(at::kFloat, {1000}, static_cast<uint64_t>(stop))));
+  EXPECT_TRUE(
+      bitwise_equal(sd.at("w"), make_tensor(at::kFloat, {1000}, static_cast<uint64_t>(stop))));
 }
 
 TEST(DistPeriodic, ASignalLearnedAfterItsStepStopsThatRankTooAndFailsTheFinalSnapshot) {
   TempDir dir;
   const Ranks ranks = run_ranks("late-signal", 2, dir.path(), 5000);
   const std::string peer_failed = std::to_string(static_cast<int>(ErrorCode::kPeerFailed));
-  EXPECT_EQ(ranks.texts[0], "signal " + std::to_string(SIGUSR1) + " threw " + peer_failed + " ahead")
+  EXPECT_EQ(ranks.texts[0],
+            "signal " + std::to_string(SIGUSR1) + " threw " + peer_failed + " ahead")
       << ranks.texts[1];
   EXPECT_EQ(ranks.texts[1].rfind("signal " + std::to_string(SIGUSR1) + " threw ", 0), 0u)
       << ranks.texts[1];

@@ -3,6 +3,7 @@
 // test program itself (exec of /proc/self/exe running DistRank.Run, in dist_save_test.cpp), on
 // 127.0.0.1 with a free port, and collects what each reported.
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -36,6 +37,7 @@ inline int free_port() {
 struct Ranks {
   std::vector<int> statuses;       // waitpid statuses, by rank
   std::vector<std::string> texts;  // what each rank reported ("" if nothing)
+  std::vector<std::string> errs;   // what each rank wrote to stderr
 };
 
 // Runs `world` ranks of `scenario` with the snapshot root `<dir>/root`; kills them all if they
@@ -54,6 +56,9 @@ inline Ranks run_ranks(const std::string& scenario, int world, const std::filesy
       ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
       ::setenv("MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("MASTER_PORT", port.c_str(), 1);
+      const std::string err = (dir / ("rank-" + std::to_string(r) + ".err")).string();
+      const int fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) ::dup2(fd, STDERR_FILENO);
       execl("/proc/self/exe", "dist_test", "--gtest_filter=DistRank.Run", "--gtest_brief=1",
             nullptr);
       _exit(127);
@@ -90,6 +95,10 @@ inline Ranks run_ranks(const std::string& scenario, int world, const std::filesy
     std::stringstream text;
     text << in.rdbuf();
     out.texts.push_back(text.str());
+    std::ifstream err(dir / ("rank-" + std::to_string(r) + ".err"));
+    std::stringstream err_text;
+    err_text << err.rdbuf();
+    out.errs.push_back(err_text.str());
   }
   return out;
 }
