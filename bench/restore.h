@@ -11,8 +11,8 @@
 // each cold (the files evicted from the page cache first with posix_fadvise(DONTNEED): no root
 // needed, and other processes' cache stays) and warm (the files read through the page cache
 // first); and hot: load_into and load of the same snapshot from the staging buffers of the
-// Snapshotter that saved it (keep_hot), which read no file. The peak extra RSS of load_into is measured by resetting the high-water mark
-// (clear_refs 5).
+// Snapshotter that saved it (keep_hot), which read no file. The peak extra RSS of load_into is
+// measured by resetting the high-water mark (clear_refs 5).
 
 #include <cstdint>
 #include <filesystem>
@@ -51,7 +51,7 @@ struct RestoreResult {
   std::vector<RawRead> raw_direct;  ///< the sweep
   Series raw_buffered, cold_into, cold_load, cold_torch;
   Series warm_raw, warm_into, warm_into_noverify, warm_load, warm_torch;
-  Series hot_into, hot_load;  ///< from the staging buffers (RestoreSpec::hot)
+  Series hot_into, hot_load;             ///< from the staging buffers (RestoreSpec::hot)
   std::string cold_engine, warm_engine;  ///< load_into's engine in the last cold / warm run
   long peak_extra_kib = 0;               ///< the largest VmHWM - VmRSS over a load_into
   /// The raw O_DIRECT read of the sweep with the lowest median.

@@ -22,10 +22,10 @@
 // WORLD_SIZE, MASTER_ADDR and MASTER_PORT set (as torchrun sets them) unless --single.
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <tsnap/checkpoint.h>
 #include <tsnap/dist_group.h>
 #include <tsnap/periodic_snapshots.h>
@@ -40,10 +40,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <netinet/in.h>
 #include <sstream>
 #include <string>
-#include <sys/socket.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <vector>
 
 #include "demo_model.h"
@@ -128,8 +128,8 @@ int child_run(const Args& args) {
     auto options = c10d::ProcessGroupGloo::Options::create();
     options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
     pg = c10::make_intrusive<c10d::ProcessGroupGloo>(
-        c10::make_intrusive<c10d::PrefixStore>("train", group->store()), rank,
-        group->world_size(), options);
+        c10::make_intrusive<c10d::PrefixStore>("train", group->store()), rank, group->world_size(),
+        options);
   }
   // Sums `t` over the ranks, in place.
   const auto all_reduce = [&](torch::Tensor& t) {
@@ -154,7 +154,8 @@ int child_run(const Args& args) {
         *snapshotter,
         tsnap::Schedule({.every_steps = args.every, .on_signals = {SIGTERM}, .keep_last = 2}),
         [&] {
-          return tsnap::Checkpoint::of({{"model", model}, {"optim", tsnap::bind(optimizer, model)}});
+          return tsnap::Checkpoint::of(
+              {{"model", model}, {"optim", tsnap::bind(optimizer, model)}});
         },
         periodic);
     step = hook->resume([&](tsnap::Checkpoint& c) {
@@ -241,9 +242,14 @@ int free_port() {
 
 // Runs `ranks` processes of this program (1 = --single) and reads what they wrote.
 Run run_children(const Args& args, const fs::path& out, int ranks, std::vector<std::string> extra) {
-  std::vector<std::string> argv = {"tsnap_example_train_ddp", "--run", out.string(),
-                                   "--steps", std::to_string(args.steps), "--every",
-                                   std::to_string(args.every), "--preempt-at-step",
+  std::vector<std::string> argv = {"tsnap_example_train_ddp",
+                                   "--run",
+                                   out.string(),
+                                   "--steps",
+                                   std::to_string(args.steps),
+                                   "--every",
+                                   std::to_string(args.every),
+                                   "--preempt-at-step",
                                    std::to_string(args.preempt_at)};
   argv.insert(argv.end(), extra.begin(), extra.end());
   if (ranks == 1) argv.push_back("--single");
@@ -315,14 +321,15 @@ void print_lines(const Run& run, const char* match) {
 
 int demo(const Args& args) {
   const bool temporary = args.dir.empty();
-  const fs::path dir = temporary ? fs::temp_directory_path() /
-                                       ("tsnap-train-ddp-" + std::to_string(::getpid()))
-                                 : args.dir;
+  const fs::path dir =
+      temporary ? fs::temp_directory_path() / ("tsnap-train-ddp-" + std::to_string(::getpid()))
+                : args.dir;
   tsnap::remove_tree(dir);
   fs::create_directories(dir);
-  std::printf("tsnap data-parallel demo: the demo transformer on %d ranks (Gloo all-reduce), %"
-              PRId64 " steps, a distributed snapshot every %" PRId64 " steps under %s\n\n",
-              kWorld, args.steps, args.every, dir.c_str());
+  std::printf(
+      "tsnap data-parallel demo: the demo transformer on %d ranks (Gloo all-reduce), %" PRId64
+      " steps, a distributed snapshot every %" PRId64 " steps under %s\n\n",
+      kWorld, args.steps, args.every, dir.c_str());
 
   std::printf("[1/4] 2 ranks, no snapshots ...\n");
   const Run ref = run_children(args, dir / "run1", kWorld, {});
@@ -334,7 +341,8 @@ int demo(const Args& args) {
   const Run pre = run_children(args, dir / "run2", kWorld, {"--root", root.string(), "--preempt"});
   print_lines(pre, "signal");
   bool both_stopped = true;
-  for (int status : pre.statuses) both_stopped &= WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM;
+  for (int status : pre.statuses)
+    both_stopped &= WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM;
   std::printf("      both ranks stopped after step %" PRId64 " by SIGTERM: %s\n", pre.stopped_at,
               both_stopped ? "yes" : "NO");
   fs::copy(root, dir / "snapshots-copy", fs::copy_options::recursive);
@@ -342,9 +350,11 @@ int demo(const Args& args) {
   std::printf("[3/4] 2 ranks, restarted ...\n");
   const Run two = run_children(args, dir / "run3", kWorld, {"--root", root.string()});
   print_lines(two, "resumed from");
-  std::printf("[4/4] 1 process doing both ranks' work, restarted from a copy of run 2's "
-              "snapshots ...\n");
-  const Run one = run_children(args, dir / "run4", 1, {"--root", (dir / "snapshots-copy").string()});
+  std::printf(
+      "[4/4] 1 process doing both ranks' work, restarted from a copy of run 2's "
+      "snapshots ...\n");
+  const Run one =
+      run_children(args, dir / "run4", 1, {"--root", (dir / "snapshots-copy").string()});
   print_lines(one, "resumed from");
 
   const auto joined = [&](const Run& after) {
@@ -362,11 +372,11 @@ int demo(const Args& args) {
   std::printf("\nsummary\n");
   std::printf("  %-52s step %" PRId64 "\n", "final snapshot of the preempted run", pre.stopped_at);
   std::printf("  %-52s %s (%" PRId64 " of %" PRId64 " steps equal)\n",
-              "loss curve, preempted + resumed on 2 ranks", ok2 ? "identical (bitwise)" : "DIFFERENT",
-              same2, args.steps);
+              "loss curve, preempted + resumed on 2 ranks",
+              ok2 ? "identical (bitwise)" : "DIFFERENT", same2, args.steps);
   std::printf("  %-52s %s (%" PRId64 " of %" PRId64 " steps equal)\n",
-              "loss curve, preempted + resumed on 1 process", ok1 ? "identical (bitwise)" : "DIFFERENT",
-              same1, args.steps);
+              "loss curve, preempted + resumed on 1 process",
+              ok1 ? "identical (bitwise)" : "DIFFERENT", same1, args.steps);
   if (temporary) tsnap::remove_tree(dir);
   return ok1 && ok2 && both_stopped ? 0 : 1;
 }

@@ -1,9 +1,9 @@
 #pragma once
 /// \file
 /// `tsnap::Checkpoint`: several objects (models, optimizers, LR schedulers, random generators,
-/// tensors, your own Stateful objects) and metadata, as one flat StateDict with keys `<object>/<key>`. Creating, saving, loading and
-/// applying a checkpoint are separate steps, so its contents can be inspected and edited between
-/// them:
+/// tensors, your own Stateful objects) and metadata, as one flat StateDict with keys
+/// `<object>/<key>`. Creating, saving, loading and applying a checkpoint are separate steps, so its
+/// contents can be inspected and edited between them:
 /// ```
 /// auto ckpt = tsnap::Checkpoint::of({{"model", model}, {"optim", tsnap::bind(opt, model)},
 ///                                    {"sched", scheduler}, {"rng", tsnap::rng_state()}},

@@ -18,10 +18,10 @@
 
 namespace tsnap {
 
-/// The newest format this build reads and writes. A save writes version 1 unless it reused files
-/// of an earlier snapshot (an incremental save: version 2, docs/format.md section 4); it reads
-/// every version up to this one.
-inline constexpr int kFormatVersion = 2;
+/// The format this build writes, and the newest it reads (it reads every version up to this
+/// one). Version 3 requires the manifest's own checksum, which versions 1 and 2 may lack
+/// (docs/format.md section 7).
+inline constexpr int kFormatVersion = 3;
 /// The manifest's `format` field.
 inline constexpr const char* kFormatName = "tsnap";
 /// The manifest's file name inside a snapshot directory.
@@ -48,7 +48,7 @@ struct TSNAP_API FileRecord {
   uint64_t data_offset = 0;  ///< Where tensor data starts (multiple of 4096).
   uint64_t chunk_bytes = 0;  ///< Chunk size (multiple of 4096); the last chunk may be short.
   std::vector<uint64_t> chunk_hashes;  ///< XXH3-64 of each chunk, in file order.
-  int rank = 0;  ///< The rank that wrote it (distributed saves; 0 otherwise).
+  int rank = 0;                        ///< The rank that wrote it (distributed saves; 0 otherwise).
   /// Format v2: the save id in the file's own header when it is not the manifest's: the file
   /// keeps the layout (and header) of an earlier save's file, so that an incremental save can
   /// reuse that file when its bytes have not changed. Empty: the manifest's id.
@@ -65,9 +65,8 @@ struct TSNAP_API FileRecord {
 
 /// The whole manifest. Value type; cheap enough to copy for tools.
 struct TSNAP_API Manifest {
-  /// As read. Writers emit the lowest version that holds the manifest: 2 when a file has
-  /// `tsnap_id` or `reused_from`, else 1.
-  int format_version = 1;
+  /// As read (1, 2 or 3). Writers emit kFormatVersion whatever this says.
+  int format_version = kFormatVersion;
   std::string id;  ///< Unique snapshot id (also in every shard's __metadata__).
   std::string tsnap_version;
   std::string torch_version;
@@ -75,6 +74,12 @@ struct TSNAP_API Manifest {
   int64_t created_unix_ns = 0;
   int world_size = 1;
   nlohmann::json metadata = nlohmann::json::object();  ///< The user's metadata.
+  /// The training step the snapshot holds, when its saver said (SaveOptions::step).
+  std::optional<int64_t> step;
+  /// The previous snapshot of the same Snapshotter that this one was compared with (empty:
+  /// none), and the keys whose stored bytes were identical there (sorted).
+  std::string unchanged_since;
+  std::vector<std::string> unchanged;
   /// Sorted by name. A key stored as several pieces (a distributed save of sharded state) has
   /// one record per piece, each with its `shard`, ordered by offsets.
   std::vector<TensorRecord> tensors;

@@ -103,9 +103,16 @@ struct TSNAP_API PeriodicOptions {
   /// With `Staging::kLazy`, call `before_optimizer_step()` before the tensors next change.
   SaveOptions save;
   WhenBusy when_busy = WhenBusy::kSkip;
+  /// Each save's step is its SaveOptions::step. With `stale_check` and an empty
+  /// `save.stale.must_change`, every save checks the optimizer's moments
+  /// (optimizer_moment_keys()): when some did not change while the step advanced, the log says
+  /// so in a warning (or, with `save.stale.fail`, the save fails and nothing is committed).
+  /// Give `save.stale.must_change` to check other keys; false: no check.
+  bool stale_check = true;
   /// Receives one line per event (snapshot committed or failed, skipped, resumed, summary).
   /// Calls never overlap; they come from the training thread, the hook's thread or (two tiers)
-  /// the Snapshotter's drain thread, and must not call back into the hook. Null: no log. Default: `log_to_stderr`.
+  /// the Snapshotter's drain thread, and must not call back into the hook. Null: no log. Default:
+  /// `log_to_stderr`.
   std::function<void(const std::string&)> log = log_to_stderr;
   /// Receives each snapshot's record once it has committed or failed (and retention ran), for
   /// a training logger (`nlohmann::json j = record;`). Same threads and rules as `log`; an

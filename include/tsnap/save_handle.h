@@ -10,6 +10,7 @@
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
 #include <string>
+#include <vector>
 
 #include "tsnap/export.h"
 
@@ -21,15 +22,15 @@ struct SaveState;
 
 /// Figures of one save; times in seconds.
 struct TSNAP_API SaveStats {
-  double stall_s = 0;         ///< How long save_async blocked the caller.
-  double stage_s = 0;         ///< Copy + convert + hash into staging buffers (wall time).
-  double write_s = 0;         ///< From the first write submitted to the last completed.
-  double commit_s = 0;        ///< fsync, manifest, rename.
-  double total_s = 0;         ///< From the call to committed.
+  double stall_s = 0;   ///< How long save_async blocked the caller.
+  double stage_s = 0;   ///< Copy + convert + hash into staging buffers (wall time).
+  double write_s = 0;   ///< From the first write submitted to the last completed.
+  double commit_s = 0;  ///< fsync, manifest, rename.
+  double total_s = 0;   ///< From the call to committed.
   /// Distributed saves: time spent waiting for the other ranks' parts (rank 0) or for rank 0's
   /// verdict, which includes its commit (other ranks); part of commit_s.
   double coordinate_s = 0;
-  uint64_t bytes = 0;         ///< Bytes of the snapshot (all shard files plus manifest).
+  uint64_t bytes = 0;  ///< Bytes of the snapshot (all shard files plus manifest).
   /// Bytes this save put on disk: `bytes` less the files an incremental save hard-linked from
   /// the previous snapshot (SaveOptions::incremental); equal to `bytes` otherwise.
   uint64_t written_bytes = 0;
@@ -49,6 +50,15 @@ struct TSNAP_API SaveStats {
   /// removed (e.g. permissions); the save still committed, and the next writer that starts
   /// alone on the root removes it. Empty otherwise.
   std::string leftover;
+  /// The previous snapshot this Snapshotter committed, which this save was compared with;
+  /// empty at its first save.
+  std::string unchanged_since;
+  /// Tensors whose stored bytes are identical to their bytes in `unchanged_since` (compared by
+  /// hashes of each tensor's bytes; recorded in the manifest's `unchanged`).
+  uint64_t unchanged_tensors = 0;
+  /// Keys of SaveOptions::stale.must_change that did not change although the step advanced:
+  /// the snapshot may hold stale state (see StaleCheck). Empty when none or not checked.
+  std::vector<std::string> stale;
   /// bytes / total_s in GB/s (1e9 bytes), 0 before completion.
   double throughput_gbps() const { return total_s > 0 ? bytes / total_s / 1e9 : 0; }
 };
@@ -61,8 +71,8 @@ TSNAP_API void to_json(nlohmann::json& out, const SaveStats& stats);
 /// Dropping every copy does not cancel the save: the Snapshotter finishes it.
 ///
 /// Ordering: a save gives back everything a next save could need (its `max_in_flight` slot, its
-/// name, and its staging buffers) *before* its handle completes. So once `wait()` returns, `done()` is
-/// true, or an `on_complete` callback runs, `Snapshotter::save_async` admits a new save at once:
+/// name, and its staging buffers) *before* its handle completes. So once `wait()` returns, `done()`
+/// is true, or an `on_complete` callback runs, `Snapshotter::save_async` admits a new save at once:
 /// `InFlightPolicy::kFailFast` does not refuse it and `kWait` does not block on this save.
 class TSNAP_API SaveHandle {
  public:

@@ -95,6 +95,10 @@ struct TSNAP_API TierOptions {
   int local_keep_last = 2;
 };
 
+// The deprecated members below warn where a program names them, not where the compiler
+// synthesises the struct's copies and destructor (which name every member).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
 /// Options of a Snapshotter; fixed for its lifetime. Grouped by concern: the staging buffers,
 /// the write engine and the durable tier each have their own struct. In C++17:
 /// `tsnap::SnapshotterOptions o; o.root = "ckpt"; o.staging.budget_bytes = 1ull << 30;`.
@@ -121,7 +125,24 @@ struct TSNAP_API SnapshotterOptions {
   /// completes with the same outcome.
   std::shared_ptr<DistGroup> group;
   TierOptions tier;  ///< The durable tier (none by default).
+
+  /// \name Deprecated names of tsnap 0.1, kept until 0.3 (CHANGELOG.md).
+  /// Each applies when set to other than its default, and then wins over the grouped field it
+  /// names. Designated initialisers list them after every other field, in this order.
+  ///@{
+  [[deprecated("use staging.budget_bytes")]] uint64_t staging_budget_bytes = 0;
+  [[deprecated("use staging.threads")]] int stage_threads = 0;
+  [[deprecated("use io.threads")]] int io_threads = 4;
+  [[deprecated("use io.queue_depth")]] unsigned queue_depth = 32;
+  [[deprecated("use io.engine")]] EngineKind engine = EngineKind::kAuto;
+  [[deprecated("use io.direct_io")]] bool direct_io = true;
+  [[deprecated("use tier.durable_root")]] std::filesystem::path durable_root{};
+  [[deprecated("use tier.bytes_per_second")]] uint64_t drain_bytes_per_second = 0;
+  [[deprecated("use tier.local_keep_last")]] int local_keep_last = 2;
+  [[deprecated("use staging.keep_hot")]] bool keep_hot = false;
+  ///@}
 };
+#pragma GCC diagnostic pop
 
 /// The outcome of copying one snapshot to the durable tier. Value type.
 struct TSNAP_API DrainRecord {

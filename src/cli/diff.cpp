@@ -15,12 +15,14 @@
 #include <limits>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
 #include "cli/keys.h"
 #include "cli/output.h"
+#include "common/glob.h"
 #include "format/layout.h"
 
 namespace tsnap::cli {
@@ -35,7 +37,13 @@ struct DiffOptions {
   double atol = 0;
   bool no_verify = false;
   std::string object, a_object, b_object;  // compare these checkpoint objects' keys
+  bool unchanged = false;                  // list the identical tensors too
 };
+
+// The step a snapshot holds: its manifest's, else its metadata's (periodic snapshots).
+std::optional<int64_t> snapshot_step(const Manifest& m) {
+  return m.step ? m.step : format::step_of(m.metadata);
+}
 
 // The keys of one side: every key, or those of checkpoint object `object` without its prefix;
 // by the name shown, the key stored.
@@ -101,6 +109,7 @@ int run_diff(const DiffOptions& options) {
   std::sort(keys.begin(), keys.end());
 
   Table table({"", "TENSOR", "DIFFERENCE"});
+  std::vector<std::string> identical;
   int64_t only_a = 0, only_b = 0, differ = 0, common = 0;
   for (const std::string& k : keys) {
     if (in_b.count(k) == 0) {
@@ -128,6 +137,11 @@ int run_diff(const DiffOptions& options) {
       continue;
     }
     const Difference d = compare(read_key(*ra, kx), read_key(*rb, ky));
+    if (d.elements == 0 && dtypes.empty()) {
+      identical.push_back(k);
+      if (options.unchanged) table.add_row({"=", k, "identical"});
+      continue;
+    }
     if (d.max_abs <= options.atol && dtypes.empty()) continue;
     table.add_row({"!", k,
                    "max abs diff " + number(d.max_abs) + " in " + std::to_string(d.elements) +
@@ -135,12 +149,35 @@ int run_diff(const DiffOptions& options) {
     ++differ;
   }
   if (!table.empty()) table.print(std::cout);
+  // A snapshot of a later step whose optimizer moments are identical holds stale state.
+  const std::optional<int64_t> step_a = snapshot_step(ra->manifest()),
+                               step_b = snapshot_step(rb->manifest());
+  if (step_a && step_b && *step_a != *step_b) {
+    std::vector<std::string> stale;
+    for (const std::string& k : identical) {
+      for (const std::string& pattern : format::optimizer_moment_globs()) {
+        if (detail::glob_match(pattern, in_b.at(k))) {
+          stale.push_back(k);
+          break;
+        }
+      }
+    }
+    if (!stale.empty()) {
+      std::cout << "warning: steps " << *step_a << " and " << *step_b << " hold "
+                << count_of(static_cast<int64_t>(stale.size()), "identical optimizer moment",
+                            "identical optimizer moments")
+                << " (stale state?): ";
+      for (size_t i = 0; i < stale.size() && i < 3; ++i) std::cout << (i ? ", " : "") << stale[i];
+      std::cout << (stale.size() > 3 ? ", ...\n" : "\n");
+    }
+  }
   if (only_a + only_b + differ == 0) {
     std::cout << "identical: " << count_of(common, "tensor", "tensors") << '\n';
     return kExitOk;
   }
   std::cout << differ << " of " << count_of(common, "common tensor", "common tensors")
-            << " differ; " << only_a << " only in A, " << only_b << " only in B\n";
+            << " differ, " << identical.size() << " identical; " << only_a << " only in A, "
+            << only_b << " only in B\n";
   return kExitFailed;
 }
 
@@ -155,13 +192,16 @@ Command add_diff(CLI::App& app) {
       "(!), with the largest absolute difference and how many elements differ (nan equals "
       "nan). --object NAME compares checkpoint object NAME's keys of both, without the 'NAME/' "
       "prefix; --a-object/--b-object pick one side's object, e.g. a checkpoint's model against "
-      "its export (bare keys). Exit status, like diff(1): 0 identical, 1 different (or an "
-      "error).");
+      "its export (bare keys). --unchanged lists the identical tensors too (=); when the "
+      "snapshots hold different steps, optimizer moments that are identical are flagged as "
+      "stale state. Exit status, like diff(1): 0 identical, 1 different (or an error).");
   sub->add_option("A", options->a, "First snapshot directory")->required()->type_name("DIR");
   sub->add_option("B", options->b, "Second snapshot directory")->required()->type_name("DIR");
   sub->add_option("--atol", options->atol, "Values within this absolute difference are equal")
       ->check(CLI::NonNegativeNumber);
   sub->add_flag("--no-verify", options->no_verify, "Do not check the chunks' hashes");
+  sub->add_flag("-u,--unchanged", options->unchanged,
+                "List the identical tensors too (=), e.g. to find state that stopped updating");
   sub->add_option("--object", options->object,
                   "Compare only checkpoint object NAME's keys ('NAME/KEY' shown as 'KEY')")
       ->type_name("NAME");

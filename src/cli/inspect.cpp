@@ -135,8 +135,13 @@ void print_text(const fs::path& path, const Manifest& m) {
             << "created:     " << m.created << '\n'
             << "format:      " << kFormatName << " v" << m.format_version << '\n'
             << "written by:  tsnap " << m.tsnap_version << ", LibTorch " << m.torch_version << '\n'
-            << "world size:  " << m.world_size << '\n'
-            << "tensors:     " << m.tensors.size() << " (" << human_bytes(tensor_bytes(m)) << ")\n";
+            << "world size:  " << m.world_size << '\n';
+  if (m.step) std::cout << "step:        " << *m.step << '\n';
+  if (!m.unchanged_since.empty()) {
+    std::cout << "unchanged:   " << m.unchanged.size() << " tensors identical to "
+              << m.unchanged_since << '\n';
+  }
+  std::cout << "tensors:     " << m.tensors.size() << " (" << human_bytes(tensor_bytes(m)) << ")\n";
   if (dist) {
     std::cout << "keys:        " << keys.size() << " (" << keys.size() - sharded << " "
               << (m.world_size > 1 ? "replicated" : "whole") << ", " << sharded << " sharded)\n";

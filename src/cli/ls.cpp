@@ -11,8 +11,8 @@
 #include <system_error>
 
 #include "cli/commands.h"
-#include "format/s3_root.h"
 #include "cli/output.h"
+#include "format/s3_root.h"
 #include "tsnap/catalog.h"
 #include "tsnap/error.h"
 
@@ -141,8 +141,8 @@ int run_ls(const LsOptions& options) {
     table.add_row({entry.name, m ? local_time(m->created_unix_ns) : "-",
                    human_bytes(size_of(entry)),
                    reused_of(entry) > 0 ? human_bytes(reused_of(entry)) : "-",
-                   m ? std::to_string(key_count(*m)) : "-",
-                   m ? std::to_string(m->world_size) : "-", status_text(entry)});
+                   m ? std::to_string(key_count(*m)) : "-", m ? std::to_string(m->world_size) : "-",
+                   status_text(entry)});
   }
   table.print(std::cout);
   return kExitOk;

@@ -37,7 +37,8 @@ class Engine {
   /// "io_uring" or "pwrite" (decorators report their target's name).
   virtual std::string name() const = 0;
 
-  /// Registers the staging buffers once (io_uring fixed buffers; any thread, during transfers); a no-op where unsupported.
+  /// Registers the staging buffers once (io_uring fixed buffers; any thread, during transfers); a
+  /// no-op where unsupported.
   virtual void register_buffers(const std::vector<iovec>& buffers) {}
   /// Writes `len` bytes from `buf` at `offset` of `fd`. `buf_index` is the registered buffer
   /// it lies in, or -1.

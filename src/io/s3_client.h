@@ -175,7 +175,7 @@ class S3Client {
  private:
   struct Pool;
   // One request, retried as the file comment says; throws on failures the caller cannot use.
-  s3_detail::Response perform(const s3_detail::Request& request);
+  s3_detail::Response perform(const s3_detail::Request& q);
 
   S3Config config_;
   std::unique_ptr<Pool> pool_;

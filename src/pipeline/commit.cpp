@@ -47,16 +47,25 @@ void write_file_durably(io::Engine& engine, const std::string& path, const std::
 
 }  // namespace
 
-void check_replaceable(const std::string& final_path) {
+void check_replaceable(const std::string& final_path, Replaceable check) {
   std::error_code ec;
   const auto st = std::filesystem::symlink_status(final_path + "/" + kManifestName, ec);
   const bool empty_dir =
       std::filesystem::is_directory(std::filesystem::symlink_status(final_path, ec)) &&
       std::filesystem::is_empty(final_path, ec) && !ec;
-  if (!std::filesystem::is_regular_file(st) && !empty_dir) {
+  if (empty_dir) return;
+  const std::string refusal = "overwrite replaces snapshots only; remove it or choose another name";
+  if (!std::filesystem::is_regular_file(st)) {
+    throw_error(ErrorCode::kAlreadyExists, final_path +
+                                               " exists and is not a tsnap snapshot (it has no " +
+                                               kManifestName + "): " + refusal);
+  }
+  if (check == Replaceable::kManifestFile) return;
+  try {
+    (void)read_manifest(final_path);  // parses, and its checksum holds
+  } catch (const Error& e) {
     throw_error(ErrorCode::kAlreadyExists,
-                final_path + " exists and is not a tsnap snapshot (it has no " + kManifestName +
-                    "): overwrite replaces snapshots only; remove it or choose another name");
+                final_path + " exists and is not a tsnap snapshot: " + e.what() + "; " + refusal);
   }
 }
 
@@ -68,7 +77,7 @@ uint64_t commit_directory(io::Engine& engine, const CommitPaths& paths,
 
   std::error_code ec;
   const bool replace = overwrite && std::filesystem::exists(paths.final, ec);
-  if (replace) check_replaceable(paths.final);
+  if (replace) check_replaceable(paths.final, Replaceable::kValidManifest);
   const int rc = engine.rename(paths.temporary, paths.final,
                                replace ? io::RenameMode::kExchange : io::RenameMode::kNoReplace);
   if (rc == -EEXIST || rc == -ENOTEMPTY) {

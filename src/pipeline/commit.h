@@ -14,11 +14,17 @@ struct CommitPaths {
   std::string final;
 };
 
+/// How closely check_replaceable looks at a snapshot's manifest.
+enum class Replaceable {
+  kManifestFile,   ///< a regular MANIFEST.json (cheap: the check a save makes at its call)
+  kValidManifest,  ///< a MANIFEST.json that parses and whose checksum holds (at the commit)
+};
+
 /// Throws Error(kAlreadyExists) unless `final_path` (which exists) is a snapshot that an
-/// overwrite may replace: a directory holding a MANIFEST.json, or an empty directory. A save
-/// never replaces a directory that holds what tsnap did not write (another tool's checkpoint, a
-/// user's files).
-void check_replaceable(const std::string& final_path);
+/// overwrite may replace: a directory holding a tsnap manifest (as `check` says), or an empty
+/// directory. A save never replaces a directory that holds what tsnap did not write (another
+/// tool's checkpoint, a user's files, a file that is only named MANIFEST.json).
+void check_replaceable(const std::string& final_path, Replaceable check);
 
 /// Steps 3-7 of the protocol: writes `manifest_text` as MANIFEST.json into the temporary
 /// directory (shard files are already fsynced and closed), fsyncs it and the directory, moves

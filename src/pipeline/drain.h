@@ -56,9 +56,9 @@
 #include <thread>
 #include <utility>
 
-#include "io/engine.h"
 #include "format/open_file.h"
 #include "format/s3_root.h"
+#include "io/engine.h"
 #include "pipeline/root_lock.h"
 #include "tsnap/manifest.h"
 #include "tsnap/snapshotter.h"
@@ -138,7 +138,7 @@ class Drain {
   const DrainConfig config_;
   std::shared_ptr<io::Engine> engine_;
   std::optional<RootLock> lock_;
-  std::optional<format::S3Root> s3_;  // an object-storage durable root
+  std::optional<format::S3Root> s3_;              // an object-storage durable root
   std::map<std::string, std::string> resumable_;  // S3 key -> an interrupted upload's id
   bool store_open_ = false;                       // open_store() done (drain thread)
 

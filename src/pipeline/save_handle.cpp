@@ -101,7 +101,6 @@ std::exception_ptr SaveHandle::error() const {
   return s.error;
 }
 
-
 void to_json(nlohmann::json& out, const SaveStats& s) {
   out = {{"stall_s", s.stall_s},
          {"stage_s", s.stage_s},
@@ -122,6 +121,9 @@ void to_json(nlohmann::json& out, const SaveStats& s) {
          {"engine", s.engine},
          {"direct", s.direct},
          {"leftover", s.leftover},
+         {"unchanged_since", s.unchanged_since},
+         {"unchanged_tensors", s.unchanged_tensors},
+         {"stale", s.stale},
          {"throughput_gbps", s.throughput_gbps()}};
 }
 

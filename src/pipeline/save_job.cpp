@@ -1,13 +1,14 @@
 #include "pipeline/save_job.h"
 
 #include <fcntl.h>
-#include <unistd.h>
 #include <tbb/parallel_for.h>
 #include <torch/version.h>
+#include <unistd.h>
 
 #include <boost/asio/post.hpp>
 #include <filesystem>
 
+#include "common/glob.h"
 #include "common/sys_error.h"
 #include "format/dtype.h"
 #include "format/hash.h"
@@ -69,7 +70,7 @@ SaveJob::SaveJob(Resources& res, plan::Plan plan, CommitPaths paths, nlohmann::j
     hashes_[f].assign(plan_.files[f].num_chunks(), 0);
     skipped_[f].assign(plan_.files[f].num_chunks(), 0);
   }
-  if (plan_.incremental) {
+  {
     piece_hashes_.resize(plan_.files.size());
     for (size_t f = 0; f < plan_.files.size(); ++f) {
       piece_hashes_[f].resize(plan_.files[f].num_chunks());
@@ -92,7 +93,8 @@ void SaveJob::open_files() {
       for (int open_fd : fds_) engine.close(open_fd);
       fds_.clear();
       if (coordinator_) {
-        for (size_t g = 0; g < f; ++g) ::unlink((paths_.temporary + "/" + plan_.files[g].name).c_str());
+        for (size_t g = 0; g < f; ++g)
+          ::unlink((paths_.temporary + "/" + plan_.files[g].name).c_str());
       } else {
         remove_temporary(paths_.temporary);
       }
@@ -191,7 +193,7 @@ void SaveJob::stage_chunk(size_t index, const std::vector<stage::Sources>& sourc
     return;
   }
   progress_.staged(len);
-  if (base_files_[ref.file]) {  // (hash_pieces runs there, on the blocking pool)
+  if (base_files_[ref.file]) {  // (hash_chunk runs there, on the blocking pool)
     // Hashed off the caller's stall, on the blocking pool, before deciding to write.
     auto self = shared_from_this();
     boost::asio::post(*res_.blocking,
@@ -217,13 +219,11 @@ void SaveJob::submit_held(plan::ChunkRef ref, int buf, uint64_t len) noexcept {
 }
 
 void SaveJob::compare_and_submit(plan::ChunkRef ref, int buf, uint64_t len) {
-  hash_pieces(ref, res_.pool->data(buf));
-  const uint64_t hash = format::hash64(res_.pool->data(buf), len);
+  const uint64_t hash = hash_chunk(ref, res_.pool->data(buf), len);
   const plan::PlannedFile& file = plan_.files[ref.file];
   // Equal to the base manifest's hash, and the base file's bytes proven to hash alike.
   if (hash != file.base_hashes[ref.chunk] || failed_ ||
-      !base_files_[ref.file]->holds(file.chunk_begin(ref.chunk), file.chunk_end(ref.chunk),
-                                    hash)) {
+      !base_files_[ref.file]->holds(file.chunk_begin(ref.chunk), file.chunk_end(ref.chunk), hash)) {
     submit(ref, buf, len, hash);
     return;
   }
@@ -262,8 +262,7 @@ void SaveJob::submit(plan::ChunkRef ref, int buf, uint64_t len, std::optional<ui
       fds_[ref.file], data, write_len, offset, buf, [self, buf, ref, offset, len, hash](int rc) {
         if (rc == 0) {
           self->hashes_[ref.file][ref.chunk] =
-              hash ? *hash : format::hash64(self->res_.pool->data(buf), len);
-          if (!hash) self->hash_pieces(ref, self->res_.pool->data(buf));
+              hash ? *hash : self->hash_chunk(ref, self->res_.pool->data(buf), len);
         }
         if (rc != 0 || !self->hot_ || !self->hot_->keep(ref.file, ref.chunk, buf)) {
           self->res_.pool->release(buf);
@@ -328,6 +327,7 @@ void SaveJob::finish() {
       error = std::current_exception();
     }
   }
+  if (!error) error = compare();
   base_files_.clear();  // closes the base files
   if (coordinator_) {
     error = coordinate(error, &manifest_bytes, &leftover);
@@ -357,6 +357,9 @@ void SaveJob::finish() {
     s.written_bytes = s.bytes - linked_bytes_;
     s.reused_bytes = skipped_bytes_;
     s.leftover = std::move(leftover);
+    s.unchanged_since = comparison_.since;
+    s.unchanged_tensors = unchanged_.size();
+    s.stale = stale_;
   }
   // Whatever a next save could need (the in-flight slot; the staging buffers went back as their
   // writes completed) is released before the handle completes: once wait() returns or an
@@ -366,7 +369,7 @@ void SaveJob::finish() {
   // tsnap thread afterwards).
   plan::clear_sources(plan_);
   if (release_slot_) {
-    Learned next = error || !plan_.incremental ? Learned() : learned();
+    Learned next = error ? Learned() : std::move(learned_);
     if (!plan_.incremental && !plan_.entries.empty() && plan_.written_files == plan_.files.size()) {
       next.plan = std::move(plan_);  // the job's last use of it
     }
@@ -376,16 +379,52 @@ void SaveJob::finish() {
   if (on_completed_) on_completed_();
 }
 
-void SaveJob::hash_pieces(plan::ChunkRef ref, const uint8_t* data) {
-  if (!plan_.incremental) return;
+uint64_t SaveJob::hash_chunk(plan::ChunkRef ref, const uint8_t* data, uint64_t len) {
   const plan::PlannedFile& file = plan_.files[ref.file];
   const uint64_t begin = file.chunk_begin(ref.chunk), end = file.chunk_end(ref.chunk);
-  std::vector<uint64_t>& out = piece_hashes_[ref.file][ref.chunk];
-  out.clear();
+  thread_local std::vector<std::pair<uint64_t, uint64_t>> pieces;
+  pieces.clear();
   for (const plan::PlannedTensor& t : file.tensors) {  // in file order
     const uint64_t lo = std::max(t.begin, begin), hi = std::min(t.end, end);
-    if (lo < hi) out.push_back(format::hash64(data + (lo - begin), hi - lo));
+    if (lo < hi) pieces.emplace_back(lo - begin, hi - begin);
   }
+  return format::hash64_with_pieces(data, len, pieces, &piece_hashes_[ref.file][ref.chunk]);
+}
+
+std::exception_ptr SaveJob::compare() {
+  learned_ = learned();
+  const Comparison& c = comparison_;
+  if (!c.signatures || c.since.empty()) return nullptr;
+  for (const auto& [key, signature] : learned_.signatures) {
+    const auto it = c.signatures->find(key);
+    if (!signature.empty() && it != c.signatures->end() && it->second == signature) {
+      unchanged_.push_back(key);  // sorted: the map is
+    }
+  }
+  const bool advanced = c.step && c.since_step && *c.step > *c.since_step;
+  if (!advanced || c.stale.must_change.empty()) return nullptr;
+  for (const std::string& key : unchanged_) {
+    for (const std::string& pattern : c.stale.must_change) {
+      if (detail::glob_match(pattern, key)) {
+        stale_.push_back(key);
+        break;
+      }
+    }
+  }
+  if (stale_.empty() || !c.stale.fail) return nullptr;
+  std::string some;
+  for (size_t i = 0; i < stale_.size() && i < 3; ++i) {
+    some += (i ? ", " : "") + format::printable(stale_[i]);
+  }
+  return make_error(
+      ErrorCode::kStale,
+      "snapshot " + std::filesystem::path(paths_.final).filename().string() + " (step " +
+          std::to_string(*c.step) + ") would be stale: " + std::to_string(stale_.size()) +
+          (stale_.size() == 1 ? " tensor" : " tensors") +
+          " that training changes at every step hold the same bytes as in " + c.since + " (step " +
+          std::to_string(*c.since_step) + "): " + some + (stale_.size() > 3 ? ", ..." : "") +
+          "; nothing was committed (is the optimizer's state saved from a copy that no "
+          "longer updates?)");
 }
 
 SaveJob::Learned SaveJob::learned() const {
@@ -396,9 +435,8 @@ SaveJob::Learned SaveJob::learned() const {
     for (const plan::PlannedTensor& t : file.tensors) {
       if (file.stable && !base_files_[f]) out.carried.insert(t.name);
       std::vector<uint64_t>& sig = out.signatures[t.name];
-      for (uint64_t c = t.begin / file.chunk_bytes; t.end > t.begin && c <= (t.end - 1) /
-                                                                         file.chunk_bytes;
-           ++c) {
+      for (uint64_t c = t.begin / file.chunk_bytes;
+           t.end > t.begin && c <= (t.end - 1) / file.chunk_bytes; ++c) {
         const std::vector<uint64_t>& pieces = piece_hashes_[f][c];
         sig.push_back(std::max(t.begin, file.chunk_begin(c)) - t.begin);
         sig.push_back(next[c] < pieces.size() ? pieces[next[c]++] : 0);
@@ -414,8 +452,10 @@ void SaveJob::reuse_base_files() {
     const plan::PlannedFile& file = plan_.files[f];
     const std::string path = paths_.temporary + "/" + file.name;
     std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    std::vector<BaseFile::Chunk> reused;
     for (uint64_t c = 0; c < file.num_chunks(); ++c) {
       if (!skipped_[f][c]) continue;
+      reused.push_back({file.chunk_begin(c), file.chunk_end(c), hashes_[f][c]});
       if (!ranges.empty() && ranges.back().second == file.chunk_begin(c)) {
         ranges.back().second = file.chunk_end(c);
       } else {
@@ -431,6 +471,7 @@ void SaveJob::reuse_base_files() {
     } else {
       base_files_[f]->copy_ranges(path, ranges);
     }
+    base_files_[f]->check_reused(path, reused);
   }
 }
 
@@ -479,6 +520,9 @@ Manifest SaveJob::manifest(bool memory, bool tensors) const {
   m.world_size = coordinator_ ? coordinator_->world_size() : 1;
   const int rank = coordinator_ ? coordinator_->rank() : 0;
   m.metadata = metadata_;
+  m.step = comparison_.step;
+  m.unchanged_since = comparison_.since;
+  m.unchanged = unchanged_;
   const size_t files = memory ? plan_.files.size() : plan_.written_files;
   for (size_t f = 0; f < files; ++f) {
     const plan::PlannedFile& file = plan_.files[f];
@@ -537,12 +581,9 @@ std::exception_ptr SaveJob::coordinate(std::exception_ptr error, uint64_t* manif
       hot_commit([&] { return manifest(true); });
       return nullptr;
     }
-    nlohmann::json verdict;
     if (error) {
       // Decide at once: the other ranks need not wait for their timeout.
-      verdict = error_json(error);
-      verdict["message"] = "rank 0 failed: " + verdict["message"].get<std::string>();
-      c.decide(id, verdict.dump());
+      c.decide(id, peer_failed(error_json(error), 0).dump());
       return error;
     }
     c.publish(id, report.dump());

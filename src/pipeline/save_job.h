@@ -31,6 +31,7 @@
 #include "stage/fill.h"
 #include "stage/hot_image.h"
 #include "tsnap/manifest.h"
+#include "tsnap/save_options.h"
 
 namespace tsnap::pipeline {
 
@@ -49,6 +50,15 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
     std::map<std::string, std::vector<uint64_t>> signatures;
     std::set<std::string> carried;
     std::optional<plan::Plan> plan;
+  };
+  /// The save this one is compared with to find its unchanged tensors (the last one its
+  /// Snapshotter committed), with what the stale check needs (SaveOptions::step and ::stale).
+  struct Comparison {
+    std::string since;  // that save's snapshot name; empty: none
+    std::optional<int64_t> since_step;
+    std::shared_ptr<const std::map<std::string, std::vector<uint64_t>>> signatures;
+    std::optional<int64_t> step;  // this save's
+    StaleCheck stale;
   };
   /// Admission bookkeeping: `release_slot(committed, learned)` runs just before the handle
   /// completes (so that a save started once wait() returns is admitted, and sees this one as
@@ -77,6 +87,8 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   /// image also takes the plan's memory-only files (plan::add_memory_files) and gets this
   /// rank's view of the manifest: its files and those.
   void keep_hot(std::shared_ptr<stage::HotImage> image) { hot_ = std::move(image); }
+  /// Before stage(): what to compare this save with (Comparison).
+  void compare_with(Comparison comparison) { comparison_ = std::move(comparison); }
 
  private:
   void stage_chunk(size_t index, const std::vector<stage::Sources>& sources);
@@ -91,11 +103,15 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   // Incremental, after every shard is closed: files whose chunks all equal the base's become
   // links to (or copies of) the base files; skipped chunks of the others are copied in.
   void reuse_base_files();
-  // Incremental saves: hashes the piece of each tensor that chunk `ref` (its staged bytes at
-  // `data`) holds, into piece_hashes_ (one thread per chunk, so no lock).
-  void hash_pieces(plan::ChunkRef ref, const uint8_t* data);
+  // The hash of chunk `ref` (its `len` staged bytes at `data`) and, in the same pass, of the
+  // piece of each tensor it holds, into piece_hashes_ (one thread per chunk, so no lock).
+  uint64_t hash_chunk(plan::ChunkRef ref, const uint8_t* data, uint64_t len);
   // What the next save's layout learns from this one (Learned).
   Learned learned() const;
+  // Once every chunk is hashed: learned_, the tensors unchanged since comparison_.since
+  // (unchanged_) and those of them that must change (stale_). Returns Error(kStale) when the
+  // stale check fails the save.
+  std::exception_ptr compare();
   void write_done(uint32_t file, uint64_t offset, int rc);
   void fail(std::exception_ptr e);
   void release_token();
@@ -131,10 +147,11 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
 
   std::vector<int> fds_;
   std::vector<std::unique_ptr<BaseFile>> base_files_;  // per file; null: no base to reuse
-  std::vector<std::vector<uint8_t>> skipped_;         // per file, per chunk: equal to the base
+  std::vector<std::vector<uint8_t>> skipped_;          // per file, per chunk: equal to the base
   std::vector<bool> reused_whole_;                     // per file: linked or copied whole
-  std::vector<std::vector<uint64_t>> hashes_;  // per file, per chunk
-  // Incremental saves: per file, per chunk, the hash of each tensor piece it holds (in order).
+  std::vector<std::vector<uint64_t>> hashes_;          // per file, per chunk
+  // Per file, per chunk, the hash of each tensor piece it holds (in order): the signatures of
+  // Learned, which find the tensors unchanged since the previous save.
   std::vector<std::vector<std::vector<uint64_t>>> piece_hashes_;
   std::atomic<uint64_t> pending_{1};  // writes not completed, +1 while staging or rendering
   // Eager staging into a pool with a free buffer for every chunk: the writes start once
@@ -161,6 +178,10 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   uint64_t linked_bytes_ = 0;
   std::atomic<int64_t> first_write_ns_{0}, last_write_ns_{0};
   std::shared_ptr<stage::HotImage> hot_;  // keep_hot: the image this save fills
+  Comparison comparison_;
+  Learned learned_;                     // see compare()
+  std::vector<std::string> unchanged_;  // sorted
+  std::vector<std::string> stale_;      // sorted
 };
 
 }  // namespace tsnap::pipeline

@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "common/glob.h"
 #include "common/hidden.h"
 #include "common/owner_process.h"
 #include "common/sys_error.h"
@@ -88,6 +89,7 @@ struct TSNAP_HIDDEN Snapshotter::Impl {
   std::mutex pool_mu;  // guards the creation of res.pool (automatic budget: at the first save)
   std::mutex base_mu;
   std::string last_committed;  // name of the last snapshot a save of this Snapshotter committed
+  std::optional<int64_t> last_step;  // and its SaveOptions::step
   // The plans of the last full (not incremental) saves that completed, newest first, without
   // their sources (SaveJob::Learned::plan): a save of a state alike takes one and reuses its
   // layout (plan::Layout::previous), and its job hands it back when it completes. Several, for
@@ -97,10 +99,11 @@ struct TSNAP_HIDDEN Snapshotter::Impl {
   std::deque<plan::Plan> kept_plans;
   // Keeps `plans` (those not moved from), ahead of the kept ones when `newest`.
   void keep_plans(std::deque<plan::Plan> plans, bool newest);
-  // Incremental saves: the keys whose bytes the last committed one found unchanged since the
-  // one before (plan::Layout::unchanged), and its keys' signatures (SaveJob::Learned).
+  // The keys whose bytes the last committed save found unchanged since the one before
+  // (plan::Layout::unchanged of incremental saves), and its keys' signatures
+  // (SaveJob::Learned), which the next save compares its own with (SaveJob::Comparison).
   std::shared_ptr<const std::set<std::string>> unchanged;
-  std::map<std::string, std::vector<uint64_t>> signatures;
+  std::shared_ptr<const std::map<std::string, std::vector<uint64_t>>> signatures;
   // The keys whose signatures a committed save has compared with its base's, and for the
   // others (no comparison yet: the first incremental saves of a key) their plan::sample_hash
   // at the last incremental save's start: equal samples put a key among the unchanged (with a
@@ -418,8 +421,34 @@ void Snapshotter::Impl::completed() {
   cv.notify_all();
 }
 
+namespace {
+
+// The deprecated flat names of SnapshotterOptions (tsnap 0.1) moved into their groups.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+SnapshotterOptions with_deprecated_names_applied(SnapshotterOptions o) {
+  const SnapshotterOptions d;
+  if (o.staging_budget_bytes != d.staging_budget_bytes)
+    o.staging.budget_bytes = o.staging_budget_bytes;
+  if (o.stage_threads != d.stage_threads) o.staging.threads = o.stage_threads;
+  if (o.io_threads != d.io_threads) o.io.threads = o.io_threads;
+  if (o.queue_depth != d.queue_depth) o.io.queue_depth = o.queue_depth;
+  if (o.engine != d.engine) o.io.engine = o.engine;
+  if (o.direct_io != d.direct_io) o.io.direct_io = o.direct_io;
+  if (o.durable_root != d.durable_root) o.tier.durable_root = o.durable_root;
+  if (o.drain_bytes_per_second != d.drain_bytes_per_second) {
+    o.tier.bytes_per_second = o.drain_bytes_per_second;
+  }
+  if (o.local_keep_last != d.local_keep_last) o.tier.local_keep_last = o.local_keep_last;
+  if (o.keep_hot != d.keep_hot) o.staging.keep_hot = o.keep_hot;
+  return o;
+}
+#pragma GCC diagnostic pop
+
+}  // namespace
+
 Snapshotter::Snapshotter(SnapshotterOptions options)
-    : impl_(std::make_unique<Impl>(std::move(options))) {}
+    : impl_(std::make_unique<Impl>(with_deprecated_names_applied(std::move(options)))) {}
 
 Snapshotter::~Snapshotter() {
   // In a forked child the threads the state refers to do not exist: joining them would hang,
@@ -473,6 +502,9 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
                 std::string("metadata must be a JSON object, not ") + metadata.type_name());
   }
   format::check_metadata_writable(metadata);
+  for (const std::string& pattern : options.stale.must_change) {
+    (void)detail::glob_match(pattern, "");  // a malformed pattern throws, naming it
+  }
   const std::string root = res.options.root.string();
   pipeline::CommitPaths paths{root, "", root + "/" + name};
   std::error_code ec;
@@ -481,7 +513,7 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
       throw_error(ErrorCode::kAlreadyExists,
                   "snapshot " + paths.final + " already exists (pass overwrite to replace it)");
     }
-    pipeline::check_replaceable(paths.final);
+    pipeline::check_replaceable(paths.final, pipeline::Replaceable::kManifestFile);
   }
   paths.temporary = root + "/" + format::temporary_name(name, id);
   plan::Layout layout;
@@ -531,23 +563,26 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
         res, std::move(plan), std::move(paths),
         metadata.is_null() ? nlohmann::json::object() : metadata, options.overwrite, coordinator,
         started,
-        [this, name](bool committed, pipeline::SaveJob::Learned learned) {
+        [this, name, step = options.step](bool committed, pipeline::SaveJob::Learned learned) {
           // Before the handle completes: a save started once wait() returns takes this one
           // as its incremental base, and what it found unchanged as its layout's hint.
           if (committed) {
             std::lock_guard<std::mutex> lock(base_mu);
             last_committed = name;
+            last_step = step;
             auto same = std::make_shared<std::set<std::string>>(std::move(learned.carried));
             auto seen = std::make_shared<std::set<std::string>>();
             for (const auto& [key, signature] : learned.signatures) {
-              const auto it = signatures.find(key);
-              if (it == signatures.end()) continue;
+              if (!signatures) break;
+              const auto it = signatures->find(key);
+              if (it == signatures->end()) continue;
               seen->insert(key);
               if (it->second == signature) same->insert(key);
             }
             unchanged = std::move(same);
             compared = std::move(seen);
-            signatures = std::move(learned.signatures);
+            signatures = std::make_shared<const std::map<std::string, std::vector<uint64_t>>>(
+                std::move(learned.signatures));
           }
           if (learned.plan) {
             keep_plans(std::deque<plan::Plan>(1, std::move(*learned.plan)), /*newest=*/true);
@@ -557,6 +592,12 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
         [this] { completed(); }, options.progress);
     job->open_files();
     if (image) job->keep_hot(std::move(image));
+    pipeline::SaveJob::Comparison comparison;
+    {
+      std::lock_guard<std::mutex> lock(base_mu);
+      comparison = {last_committed, last_step, signatures, options.step, options.stale};
+    }
+    job->compare_with(std::move(comparison));
   } catch (...) {
     release_slot(name);
     completed();

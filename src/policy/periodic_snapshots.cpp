@@ -29,11 +29,14 @@
 #include "tsnap/checkpoint.h"
 #include "tsnap/dist_group.h"
 #include "tsnap/error.h"
+#include "tsnap/manifest.h"
+#include "tsnap/remove.h"
 #include "tsnap/snapshotter.h"
 
 namespace tsnap {
 
 namespace asio = boost::asio;
+namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 const char* to_string(SnapshotReason reason) noexcept {
@@ -74,6 +77,9 @@ struct TSNAP_HIDDEN PeriodicSnapshots::Impl {
   void after_step_distributed(int64_t step);
   bool continuous_due() const;
   void start_save(int64_t step, SnapshotReason reason, Clock::time_point began);
+  // Removes a periodic snapshot of `name` under the root whose manifest does not read (left by
+  // an abandoned run), which the save's overwrite would refuse; logs what it did.
+  void replace_unreadable(const std::string& name);
   void final_snapshot(int64_t step, int sig, Clock::time_point began);
   void restart_timer();
   void wait_processed();
@@ -244,16 +250,44 @@ void PeriodicSnapshots::Impl::restart_timer() {
   asio::post(io, [this, epoch] { arm_timer(epoch); });
 }
 
+void PeriodicSnapshots::Impl::replace_unreadable(const std::string& name) {
+  if (coord && coord->rank() != 0) return;  // rank 0 alone commits, and replaces
+  const fs::path path = snapshotter.root() / name;
+  std::error_code ec;
+  if (!fs::exists(path / kManifestName, ec)) return;
+  try {
+    (void)read_manifest(path);
+    return;  // a snapshot: the save's overwrite replaces it atomically
+  } catch (const Error& e) {
+    // A periodic snapshot of an abandoned run that does not read (resume skipped it): the
+    // save's overwrite would refuse it, as it refuses anything that is not a snapshot.
+    log("tsnap: replacing " + name + ", which does not read (" + detail::first_line(e.what()) +
+        ")");
+  }
+  try {
+    remove_snapshot(path);
+  } catch (const std::exception& e) {
+    log("tsnap: could not remove " + name + ": " + detail::first_line(e.what()));
+  }
+}
+
 void PeriodicSnapshots::Impl::start_save(int64_t step, SnapshotReason reason,
                                          Clock::time_point began) {
   Checkpoint checkpoint = make_checkpoint();
   checkpoint.metadata()[format::kStepKey] = step;
   SaveOptions save = options.save;
   save.overwrite = true;
+  save.step = step;
+  if (!options.stale_check) {
+    save.stale.must_change.clear();
+  } else if (save.stale.must_change.empty()) {
+    save.stale.must_change = optimizer_moment_keys();
+  }
   SnapshotRecord record;
   record.step = step;
   record.name = format::step_name(step);
   record.reason = reason;
+  replace_unreadable(record.name);
   {
     std::lock_guard<std::mutex> lock(mu);
     ++pending;
@@ -278,8 +312,7 @@ void PeriodicSnapshots::Impl::start_save(int64_t step, SnapshotReason reason,
     // Under post_mu until post() has returned (it signals the pool's thread after queuing):
     // the destructor takes post_mu before it destroys the pool.
     std::lock_guard<std::mutex> lock(post_mu);
-    asio::post(completions,
-               [this, record, handle, error] { on_completed(record, handle, error); });
+    asio::post(completions, [this, record, handle, error] { on_completed(record, handle, error); });
   });
 }
 
@@ -401,9 +434,9 @@ void PeriodicSnapshots::Impl::after_step_distributed(int64_t step) {
     wait_processed();
     stop_signal.store(t.sig);
     const std::string what = "signal " + std::to_string(t.sig) + " at step " +
-                             std::to_string(t.step) + " (rank " +
-                             std::to_string(coord->rank()) + " learned of it only at step " +
-                             std::to_string(step) + "): the final snapshot FAILED, stop";
+                             std::to_string(t.step) + " (rank " + std::to_string(coord->rank()) +
+                             " learned of it only at step " + std::to_string(step) +
+                             "): the final snapshot FAILED, stop";
     log("tsnap: " + what);
     throw_error(ErrorCode::kPeerFailed, what);
   }

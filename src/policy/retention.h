@@ -32,11 +32,11 @@ enum class RetentionPoint {
 /// stop the sequence there, leaving the disk as a crash at that moment would.
 using RetentionProbe = std::function<void(RetentionPoint, const std::filesystem::path&)>;
 
-/// Deletes the periodic snapshots (named by `format::step_name`) under `root` that `schedule` expires,
-/// considering the committed ones up to `newest_step`, the step of the snapshot just committed
-/// (later ones, left by an abandoned run, are left for the saves that will overwrite them).
-/// Returns the names deleted, oldest first. Errors: IoError naming the directory and errno when a
-/// rename fails (earlier deletions stand); a failed removal of a renamed directory is not an
+/// Deletes the periodic snapshots (named by `format::step_name`) under `root` that `schedule`
+/// expires, considering the committed ones up to `newest_step`, the step of the snapshot just
+/// committed (later ones, left by an abandoned run, are left for the saves that will overwrite
+/// them). Returns the names deleted, oldest first. Errors: IoError naming the directory and errno
+/// when a rename fails (earlier deletions stand); a failed removal of a renamed directory is not an
 /// error (it is a temporary now, removed by a later writer). Not thread-safe for one root.
 /// `may_delete` (when set) is asked about each expired snapshot by name; one it refuses stays
 /// (the local tier of a two-tier Snapshotter keeps the snapshots not drained yet).

@@ -37,9 +37,23 @@ std::string snapshot_line(const SnapshotRecord& r) {
                  s.stage_s * kMs, s.write_s * kMs, s.commit_s * kMs, s.total_s * kMs,
                  s.throughput_gbps(), s.engine.c_str(), s.direct ? "+O_DIRECT" : "");
   if (s.buffer_waits > 0) {
-    line += format("; waited %llu times for staging buffers (the snapshot is larger than the "
-                   "staging budget)",
-                   static_cast<unsigned long long>(s.buffer_waits));
+    line += format(
+        "; waited %llu times for staging buffers (the snapshot is larger than the "
+        "staging budget)",
+        static_cast<unsigned long long>(s.buffer_waits));
+  }
+  if (!s.unchanged_since.empty()) {
+    line += format("; %llu of %llu tensors unchanged since %s",
+                   static_cast<unsigned long long>(s.unchanged_tensors),
+                   static_cast<unsigned long long>(s.tensors), s.unchanged_since.c_str());
+  }
+  if (!s.stale.empty()) {
+    line += format(
+        "; WARNING: %zu tensors that training changes at every step did not change "
+        "since %s although the step advanced (stale state?): ",
+        s.stale.size(), s.unchanged_since.c_str());
+    for (size_t i = 0; i < s.stale.size() && i < 3; ++i) line += (i ? ", " : "") + s.stale[i];
+    if (s.stale.size() > 3) line += ", ...";
   }
   for (size_t i = 0; i < r.deleted.size(); ++i) {
     line += (i == 0 ? "; deleted " : ", ") + r.deleted[i];
@@ -66,10 +80,14 @@ std::string summary_line(const PeriodicStats& stats) {
 namespace tsnap {
 
 void to_json(nlohmann::json& out, const SnapshotRecord& r) {
-  out = {{"step", r.step},          {"name", r.name},
-         {"reason", to_string(r.reason)}, {"blocked_s", r.blocked_s},
-         {"committed", r.committed}, {"error", r.error},
-         {"deleted", r.deleted},    {"save", r.save}};
+  out = {{"step", r.step},
+         {"name", r.name},
+         {"reason", to_string(r.reason)},
+         {"blocked_s", r.blocked_s},
+         {"committed", r.committed},
+         {"error", r.error},
+         {"deleted", r.deleted},
+         {"save", r.save}};
 }
 
 }  // namespace tsnap

@@ -142,10 +142,10 @@ class FileChunks : public ChunkSource {
     if (const std::vector<size_t>* direct = in_place(job)) {
       std::vector<iovec> iov;
       iov.reserve(2 * direct->size() + 1);
-      for_each_segment(c, *direct, buffers_.data(slot), targets_,
-                       [&](uint8_t* p, uint64_t len) { iov.push_back({p, len}); });
-      engine_.readv(s.fd(), iov.data(), static_cast<int>(iov.size()), c.offset,
-                    std::move(done));
+      for_each_segment(c, *direct, buffers_.data(slot), targets_, [&](uint8_t* p, uint64_t len) {
+        iov.push_back({p, len});
+      });
+      engine_.readv(s.fd(), iov.data(), static_cast<int>(iov.size()), c.offset, std::move(done));
       return;
     }
     // O_DIRECT reads whole blocks; the last chunk of a file then simply reads short.
@@ -422,7 +422,7 @@ std::string written_note(const std::vector<Target>& targets,
 
 // Rethrows `e` with `note` appended to its message, keeping its code (and so its class) and
 // errno.
-[[noreturn]] void rethrow_with(std::exception_ptr e, const std::string& note) {
+[[noreturn]] void rethrow_with(const std::exception_ptr& e, const std::string& note) {
   try {
     std::rethrow_exception(e);
   } catch (const Error& x) {

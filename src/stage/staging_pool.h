@@ -2,6 +2,9 @@
 // A fixed set of aligned staging buffers, allocated once and reused by every save
 // (docs/architecture.md, "Memory"). Pinned host memory when LibTorch has CUDA. acquire() blocks
 // while all buffers are in use: that is the backpressure that bounds a save's memory to the budget.
+// A wait for a buffer first calls the reclaim hook, when one is set (set_reclaim), to get back
+// buffers that nothing else would return: a Snapshotter's hook evicts hot images and releases
+// the writes an eager save holds back while it stages.
 //
 // Faulting in: making the pool maps its memory and returns (microseconds). Each buffer's pages
 // are faulted in once, before its first use, by whichever comes first: fault_in_now() (every
@@ -54,8 +57,13 @@ class StagingPool {
   /// Returns a buffer to the pool.
   void release(int index);
   /// Sets what acquire() calls (without the pool's lock) when no buffer is free, before it
-  /// waits, and again every kReclaimRetry while it still finds none: the hot images' eviction
-  /// (stage/hot_image.h), which gives kept buffers back. Set before the first acquire().
+  /// waits, and again every kReclaimRetry while it still finds none. A Snapshotter's hook does
+  /// two things (pipeline/snapshotter.cpp): it evicts the hot images (stage/hot_image.h), which
+  /// gives kept buffers back, and it releases the writes held back by an eager save that is
+  /// still staging (pipeline/deferred_writes.h), whose buffers come back once written. Without
+  /// that release a thread waiting here (which may be staging another save's chunk in the same
+  /// TBB arena) could wait forever for buffers that only those held-back writes would free.
+  /// Set before the first acquire().
   void set_reclaim(std::function<void()> reclaim);
   static constexpr std::chrono::milliseconds kReclaimRetry{20};
   /// The memory of buffer `index`.

@@ -4,8 +4,8 @@
 
 #include <fstream>
 #include <mutex>
-#include <vector>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "format/safetensors.h"
 #include "support/test_util.h"
@@ -38,7 +38,7 @@ TEST(SaveLoad, EveryDtypeAndAwkwardShapes) {
   const Manifest m = read_manifest(dir / "s");
   EXPECT_EQ(m.metadata["step"], 7);
   EXPECT_EQ(m.metadata["note"], "hi");
-  EXPECT_EQ(m.format_version, 1);  // version 2 only where a file keeps an earlier layout
+  EXPECT_EQ(m.format_version, kFormatVersion);
   EXPECT_EQ(m.tensors.size(), sd.size());
   EXPECT_FALSE(m.tsnap_version.empty());
   EXPECT_FALSE(m.torch_version.empty());
@@ -83,9 +83,11 @@ struct ProgressLog {
 TEST(SaveLoad, ProgressReachesTheTotalOfSaveAndLoad) {
   TempDir dir;
   StateDict sd;
-  for (int i = 0; i < 6; ++i) sd.insert("w" + std::to_string(i), make_tensor(at::kFloat, {300000}, i));
+  for (int i = 0; i < 6; ++i)
+    sd.insert("w" + std::to_string(i), make_tensor(at::kFloat, {300000}, i));
   ProgressLog saving;
-  const SaveStats stats = save(dir / "s", sd, {}, {.chunk_bytes = 1 << 20, .progress = saving.fn()});
+  const SaveStats stats =
+      save(dir / "s", sd, {}, {.chunk_bytes = 1 << 20, .progress = saving.fn()});
   uint64_t shard_bytes = 0;
   for (const auto& f : read_manifest(dir / "s").files) shard_bytes += f.size;
   saving.expect_complete(shard_bytes);
@@ -282,6 +284,35 @@ TEST(SaveLoad, OverwriteRefusesADirectoryThatIsNotASnapshot) {
   std::filesystem::create_directories(dir / "empty");
   save(dir / "empty", StateDict{{"x", at::ones({3})}}, {}, {.overwrite = true});
   EXPECT_TRUE(bitwise_equal(load(dir / "empty").at("x"), at::ones({3})));
+}
+
+// A file named MANIFEST.json does not make a snapshot: overwrite replaces a directory only
+// when its manifest reads and its checksum holds.
+TEST(SaveLoad, OverwriteRefusesADirectoryWhoseManifestIsNotTsnaps) {
+  TempDir dir;
+  std::filesystem::create_directories(dir / "mine");
+  std::ofstream(dir / "mine" / "MANIFEST.json") << "{\"my\": \"notes\"}";
+  std::ofstream(dir / "mine" / "weights.bin") << "keep me";
+  for (bool snapshotter : {false, true}) {
+    try {
+      if (snapshotter) {
+        Snapshotter snap({.root = dir.path()});
+        snap.save_async("mine", StateDict{{"x", at::ones({3})}}, {}, {.overwrite = true}).wait();
+      } else {
+        save(dir / "mine", StateDict{{"x", at::ones({3})}}, {}, {.overwrite = true});
+      }
+      ADD_FAILURE() << "replaced a directory whose MANIFEST.json is not a snapshot's";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kAlreadyExists) << e.what();
+      EXPECT_NE(std::string(e.what()).find("is not a tsnap snapshot"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_TRUE(std::filesystem::exists(dir / "mine" / "weights.bin"));
+  // A snapshot whose manifest was edited (its checksum fails) is not replaced either.
+  save(dir / "s", StateDict{{"x", at::ones({3})}});
+  test_support::flip_byte(dir / "s" / "MANIFEST.json", 30);
+  EXPECT_THROW(save(dir / "s", StateDict{{"x", at::zeros({3})}}, {}, {.overwrite = true}), Error);
 }
 
 TEST(SaveLoad, BadInputIsRejectedBeforeAnythingIsWritten) {

@@ -21,6 +21,7 @@
 #include "support/test_util.h"
 #include "tsnap/catalog.h"
 #include "tsnap/error.h"
+#include "tsnap/hot_snapshot.h"
 #include "tsnap/load.h"
 #include "tsnap/manifest.h"
 
@@ -50,6 +51,29 @@ void expect_equal(const StateDict& want, const StateDict& got) {
   ASSERT_EQ(want.keys(), got.keys());
   for (const auto& [k, e] : want) EXPECT_TRUE(bitwise_equal(e.tensor, got.at(k))) << k;
 }
+
+// The flat option names of tsnap 0.1 still work for one minor release (deprecated).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+TEST(Snapshotter, DeprecatedFlatOptionNamesStillApply) {
+  TempDir dir, durable;
+  SnapshotterOptions o;
+  o.root = dir.path();
+  o.chunk_bytes = 1 << 20;
+  o.staging_budget_bytes = 3 << 20;
+  o.durable_root = durable.path();
+  o.drain_bytes_per_second = 1 << 30;
+  Snapshotter snap(o);
+  EXPECT_EQ(snap.staging_budget_bytes(), uint64_t{3} << 20);
+  EXPECT_EQ(snap.durable_root(), durable.path());
+  // The designated-initialiser form of 0.1's README (old names after every other field).
+  Snapshotter hot({.root = dir / "hot", .keep_hot = true});
+  StateDict sd;
+  sd.insert("w", make_tensor(at::kFloat, {16, 16}, 1));
+  hot.save_async("s", sd).wait();
+  EXPECT_TRUE(static_cast<bool>(hot.hot_snapshot()));
+}
+#pragma GCC diagnostic pop
 
 TEST(Snapshotter, EagerSaveIsPointInTimeExact) {
   TempDir dir;

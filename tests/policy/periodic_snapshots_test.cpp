@@ -75,7 +75,8 @@ TEST(PeriodicSnapshots, SavesEveryNStepsWithStepMetadata) {
     EXPECT_GE(r.blocked_s, r.save.stall_s);
   }
   EXPECT_EQ(stats.skipped, 0);
-  EXPECT_EQ(stats.bytes(), stats.snapshots[0].save.bytes * 3);
+  EXPECT_EQ(stats.bytes(), stats.snapshots[0].save.bytes + stats.snapshots[1].save.bytes +
+                               stats.snapshots[2].save.bytes);
   EXPECT_EQ(log.count("committed (steps)"), 3);
   EXPECT_EQ(log.count("tsnap: 3 snapshots (3 committed, 0 failed), 0 skipped"), 1);
   ASSERT_EQ(records.size(), 3u);
@@ -90,6 +91,33 @@ TEST(PeriodicSnapshots, SavesEveryNStepsWithStepMetadata) {
     EXPECT_DOUBLE_EQ(records[i]["save"]["total_s"].get<double>(), r.save.total_s);
     EXPECT_EQ(records[i]["save"]["engine"], r.save.engine);
   }
+}
+
+// The hook records each snapshot's step and checks the optimizer's moments by default: moments
+// saved from a copy that stopped updating are reported in the snapshot's log line.
+TEST(PeriodicSnapshots, WarnsWhenTheOptimizerMomentsStopChanging) {
+  TempDir dir;
+  Snapshotter snap(test_support::small_options(dir.path()));
+  StateDict sd = test_support::small_state(1);
+  at::Tensor moment = at::zeros({64, 32});
+  sd.insert("optim/w/exp_avg", moment);
+  test_support::LogLines log;
+  PeriodicSnapshots hook(snap, Schedule({.every_steps = 2}),
+                         [&] { return test_support::checkpoint_of(sd); },
+                         {.when_busy = WhenBusy::kWait, .log = log.sink()});
+  for (int64_t step = 1; step <= 6; ++step) {
+    sd.at("w").fill_(static_cast<float>(step));
+    if (step <= 4) moment.fill_(static_cast<float>(step));  // then it stops updating
+    hook.after_step(step);
+  }
+  const PeriodicStats stats = hook.finish();
+  ASSERT_EQ(stats.snapshots.size(), 3u);
+  EXPECT_TRUE(stats.snapshots[1].save.stale.empty());
+  EXPECT_EQ(stats.snapshots[2].save.stale, std::vector<std::string>{"state/optim/w/exp_avg"});
+  EXPECT_EQ(stats.snapshots[2].save.unchanged_since, "step-00000004");
+  EXPECT_EQ(log.count("WARNING: 1 tensors that training changes at every step did not change"), 1);
+  EXPECT_EQ(log.count("unchanged since step-00000002"), 1);
+  EXPECT_EQ(read_manifest(dir / "step-00000006").step, 6);
 }
 
 TEST(PeriodicSnapshots, SavesByTimeAtAStepBoundary) {
@@ -255,6 +283,7 @@ TEST(PeriodicSnapshots, ResumeSkipsCorruptAndTemporarySnapshots) {
   hook.finish();
   EXPECT_NO_THROW(load(dir / format::step_name(30)));
   EXPECT_NO_THROW(load(dir / format::step_name(40)));
+  EXPECT_EQ(log.count("replacing step-00000040, which does not read"), 1);
   EXPECT_EQ(latest(dir.path()), dir / format::step_name(40));
 }
 
@@ -283,10 +312,12 @@ TEST(PeriodicSnapshots, KeepsTheBestByAMetadataMetric) {
   const StateDict sd = test_support::small_state(8);
   const double loss[] = {0, 0.9, 0.3, 0.8, 0.2, 0.7, 0.6, 0.5};  // by step (1..7)
   int64_t step = 0;
-  PeriodicSnapshots hook(
-      snap, Schedule({.every_steps = 1, .keep_best = 2, .best_metric = "val_loss"}),
-      [&] { return Checkpoint::of({{"state", sd}}, {{"val_loss", loss[step]}}); },
-      {.when_busy = WhenBusy::kWait, .log = nullptr});
+  PeriodicSnapshots hook(snap,
+                         Schedule({.every_steps = 1, .keep_best = 2, .best_metric = "val_loss"}),
+                         [&] {
+                           return Checkpoint::of({{"state", sd}}, {{"val_loss", loss[step]}});
+                         },
+                         {.when_busy = WhenBusy::kWait, .log = nullptr});
   for (step = 1; step <= 7; ++step) hook.after_step(step);
   hook.finish();
   // Best two (steps 4 and 2), and the newest (7).

@@ -12,13 +12,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <array>
-#include <cstdio>
+#include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <set>
-#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -123,8 +123,8 @@ TEST_F(S3Tier, DrainedSnapshotsRestoreFromTheStoreWithTheLocalTierGone) {
   Snapshotter snap(options(local2.path(), durable));
   ASSERT_TRUE(snap.latest().has_value());
   EXPECT_EQ(snap.latest()->string(), durable + "/" + format::step_name(5));
-  PeriodicSnapshots hook(snap, Schedule({.every_steps = 100}),
-                         [&] { return checkpoint_at(sd, 0); }, {.log = nullptr});
+  PeriodicSnapshots hook(snap, Schedule({.every_steps = 100}), [&] { return checkpoint_at(sd, 0); },
+                         {.log = nullptr});
   StateDict resumed;
   const int64_t step = hook.resume([&](Checkpoint& c) { resumed = c.state(); });
   EXPECT_EQ(step, 5);
@@ -416,7 +416,9 @@ TEST_F(S3Tier, KeepRulesApplyInTheStore) {
   StateDict sd;
   sd.insert("w", make_tensor(at::kFloat, {1024}, 1));
   PeriodicSnapshots hook(snap, Schedule({.every_steps = 1, .keep_last = 2}),
-                         [&] { return Checkpoint::of({{"m", sd}}); },
+                         [&] {
+                           return Checkpoint::of({{"m", sd}});
+                         },
                          {.when_busy = WhenBusy::kWait, .log = nullptr});
   for (int64_t step = 1; step <= 4; ++step) {
     sd.at("w").add_(1);

@@ -187,12 +187,11 @@ TEST_P(LowPrecisionResume, KeepsTheStepExactAndTrainsAsTheConvertedFp32State) {
                             optimizer_state(*opt_b, *b).state.at("fc.weight/exp_avg")));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Dtypes, LowPrecisionResume,
-    ::testing::Values(LowPrecisionCase{"AdamBf16", at::kBFloat16, false},
-                      LowPrecisionCase{"AdamWBf16", at::kBFloat16, true},
-                      LowPrecisionCase{"AdamWFp16", at::kHalf, true}),
-    [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(Dtypes, LowPrecisionResume,
+                         ::testing::Values(LowPrecisionCase{"AdamBf16", at::kBFloat16, false},
+                                           LowPrecisionCase{"AdamWBf16", at::kBFloat16, true},
+                                           LowPrecisionCase{"AdamWFp16", at::kHalf, true}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Checkpoint, KeysAreObjectSlashKeyAndReferToTheObjects) {
   Net net;
@@ -224,7 +223,7 @@ TEST(Checkpoint, MetadataAndVersionsRoundTrip) {
   EXPECT_EQ(loaded.metadata()["epoch"].get<int>(), 3);
   const nlohmann::json& info = loaded.info();
   EXPECT_EQ(info, ckpt.info());
-  EXPECT_EQ(info["tsnap_version"], "0.1.0");
+  EXPECT_EQ(info["tsnap_version"], TSNAP_PROJECT_VERSION);
   EXPECT_EQ(info["torch_version"], TORCH_VERSION);
   EXPECT_EQ(info["format_version"], kFormatVersion);
   // The manifest's spelling (format/layout.h): 2026-01-02T03:04:05.678Z
