@@ -121,21 +121,9 @@ class StoreCoordinator final : public dist::Coordinator {
         }
       }
       if (const std::optional<Other> other = other_save(id, first_missing(keys))) {
-        // Rank 0 may host the store: it tells that rank, which waits for an outcome of its
-        // own save, before it ends.
-        const std::string theirs = disagreement(other->rank, other->name, rank_, slot_of(id).name);
-        try {
-          const std::string prefix = options_.prefix + "/" + run_ + "/" + other->slot;
-          const json verdict = {{"code", static_cast<int>(ErrorCode::kPeerFailed)},
-                                {"message", theirs}};
-          store_->set(prefix + "/outcome", bytes_of(verdict.dump()));
-          const auto deadline = std::chrono::steady_clock::now() + options_.timeout;
-          while (store_->add(prefix + "/acks", 0) < 1 &&
-                 std::chrono::steady_clock::now() < deadline) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(5));
-          }
-        } catch (const std::exception&) {
-        }
+        // Only this rank's save fails: the other rank's save may still meet a later save of
+        // this rank (it skipped this one), and when it does not, it learns why from this
+        // rank's `latest` key when its wait for the outcome ends.
         throw_error(ErrorCode::kPeerFailed,
                     disagreement(rank_, slot_of(id).name, other->rank, other->name));
       }
@@ -267,7 +255,6 @@ class StoreCoordinator final : public dist::Coordinator {
   struct Other {
     int rank;
     std::string name;  // its snapshot's name
-    std::string slot;  // its store slot
   };
   // When rank `r` published its part of a save it started as the same one in sequence as
   // save `id` but of another snapshot name, that save; else nullopt (behind, or the same).
@@ -287,18 +274,19 @@ class StoreCoordinator final : public dist::Coordinator {
         mine.name.empty()) {
       return std::nullopt;
     }
-    const std::string slot = latest.substr(space + 1);
     const std::string name = latest.substr(space + 1, hash - space - 1);
     if (latest.substr(0, space) != std::to_string(mine.sequence) || name == mine.name) {
       return std::nullopt;
     }
-    return Other{r, name, slot};
+    return Other{r, name};
   }
   static std::string disagreement(int rank, const std::string& name, int other_rank,
                                   const std::string& other_name) {
     return "the ranks disagree on the snapshot's name: rank " + std::to_string(rank) + " saves '" +
            name + "' while rank " + std::to_string(other_rank) + " saves '" + other_name +
-           "' (every rank must call save_async with the same name, in the same order)";
+           "' as the same save in sequence (every rank must call save_async with the same names "
+           "in the same order; a rank that skipped a save is in step again at the next name the "
+           "ranks share)";
   }
   std::string key(const std::string& id, int r) const {
     return slot(id) + "/rank-" + std::to_string(r);

@@ -377,6 +377,14 @@ void run_rank() {
     Snapshotter snap(o);
     SaveHandle h = snap.save_async(rank == 0 ? "a" : "b", replicated_state());
     report(out, outcome_of(h));
+    // Rank 0 hosts the store: it stays until rank 1 has its outcome, as a training loop would.
+    if (rank == 0) {
+      while (group->store()->add("test/done", 0) < 1) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    } else {
+      group->store()->add("test/done", 1);
+    }
   } else if (scenario == "pieces_overlap") {
     // Rank 0 claims rows [0, 4) of a global tensor, rank 1 rows [2, 6).
     Snapshotter snap(o);
