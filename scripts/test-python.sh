@@ -3,12 +3,16 @@
 # installed there, without build isolation: no second torch is downloaded; the CMake build in
 # build/py is kept, so a reinstall recompiles only what changed) and runs its pytest suite
 # (python/tests). Installs what is missing first: the Debian packages and the torch wheel
-# (scripts/install-deps.sh), then scikit-build-core, pybind11, pytest, safetensors, numpy and
-# psutil from PyPI. Extra arguments go to pytest (e.g. -k periodic). Wheel LibTorch only: the
-# Debian LibTorch 1.13 build is not involved. Times on the 2 shared cores: a fresh clone 11 min
-# (the library's objects, partly from ccache, and the module), a reinstall after a change to the
-# binding about 2 min, to Python files only about 15 s; the tests about 10-15 s.
+# (scripts/install-deps.sh), then scikit-build-core, pybind11, pytest, safetensors, numpy,
+# psutil and lightning (pinned: lightning_version) from PyPI. Extra arguments go to pytest (e.g.
+# -k periodic). Wheel LibTorch only: the Debian LibTorch 1.13 build is not involved. Times on
+# the 2 shared cores: a fresh clone 11 min (the library's objects, partly from ccache, and the
+# module), a reinstall after a change to the binding about 2 min, to Python files only about
+# 15 s; the tests about 10-15 s.
 set -euo pipefail
+
+# The Lightning release tsnap.lightning is tested with (python/tests/test_lightning.py).
+lightning_version=2.6.6
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TSNAP_TORCH=wheel "$repo/scripts/install-deps.sh"
@@ -17,7 +21,8 @@ pip=("$py" -m pip --disable-pip-version-check --no-input)
 
 missing=()
 for pair in scikit_build_core:scikit-build-core pybind11:pybind11 pytest:pytest \
-    safetensors:safetensors numpy:numpy psutil:psutil; do
+    safetensors:safetensors numpy:numpy psutil:psutil \
+    "lightning:lightning==$lightning_version"; do
   module="${pair%%:*}"
   if ! "$py" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$module') is None)"; then
     missing+=("${pair##*:}")
