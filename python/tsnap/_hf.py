@@ -1,0 +1,253 @@
+"""What tsnap.accelerate and tsnap.transformers share: saves in the background whose removals
+wait for them, RNG states as a snapshot holds them, and the checks of a state before a save.
+
+Pure Python over ``tsnap.Snapshotter``; needs neither accelerate nor transformers (numpy is
+imported when an RNG state is taken or set).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import secrets
+import shutil
+import time
+import warnings
+from typing import Any
+
+import torch
+
+from . import _C
+from ._api import SaveHandle, Snapshotter
+from ._errors import ErrorCode, error
+from ._tree import State, flatten
+
+MANIFEST = "MANIFEST.json"
+
+
+def is_snapshot(path: str) -> bool:
+    """Whether ``path`` is a committed snapshot directory (it has a manifest)."""
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, MANIFEST))
+
+
+def untagged(e: BaseException) -> str:
+    text = str(e)
+    return text[len("tsnap: "):] if text.startswith("tsnap: ") else text
+
+
+def check_state(state: State, prefix: str, target: str) -> None:
+    """Raises tsnap.InvalidArgument naming the key of a value a snapshot cannot hold."""
+    try:
+        flatten(state)
+    except (TypeError, ValueError) as e:
+        raise error("invalid_argument",
+                    f"{prefix}: cannot save {target}: {untagged(e)}") from None
+
+
+# -- RNG states ------------------------------------------------------------------------------
+
+
+def rng_state() -> dict[str, Any]:
+    """The states of Python's, NumPy's, torch's CPU and (when CUDA is available) every CUDA
+    device's generator, as tensors and plain values."""
+    import numpy as np
+
+    version, words, gauss_next = random.getstate()
+    legacy: Any = np.random.get_state(legacy=True)  # a tuple, for the legacy MT19937 state
+    kind, keys, pos, has_gauss, cached = legacy
+    state: dict[str, Any] = {
+        "python": {"version": version, "state": torch.tensor(words, dtype=torch.int64),
+                   "gauss_next": gauss_next},
+        "numpy": {"kind": str(kind), "keys": torch.from_numpy(keys.astype(np.int64)),
+                  "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "cpu": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any], prefix: str, target: str) -> None:
+    """Sets the generators from ``rng_state()``'s record; raises tsnap.FormatError when it is
+    not one."""
+    import numpy as np
+
+    try:
+        py, npy = state["python"], state["numpy"]
+        random.setstate((int(py["version"]), tuple(int(w) for w in py["state"].tolist()),
+                         py["gauss_next"]))
+        np.random.set_state((npy["kind"], npy["keys"].numpy().astype(np.uint32), int(npy["pos"]),
+                             int(npy["has_gauss"]), float(npy["cached_gaussian"])))
+        torch.set_rng_state(state["cpu"])
+        cuda = state.get("cuda")
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as e:
+        raise error("bad_manifest", f"{prefix}: {target}: its RNG states are not valid "
+                    f"({type(e).__name__}: {e})") from None
+    if cuda is not None and torch.cuda.is_available():
+        if len(cuda) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda)
+        else:
+            warnings.warn(f"{prefix}: {target} holds the RNG states of {len(cuda)} CUDA "
+                          f"devices, this process sees {torch.cuda.device_count()}: the CUDA "
+                          "generators are left as they are", RuntimeWarning, stacklevel=3)
+
+
+# -- saves in the background -----------------------------------------------------------------
+
+
+class _Save:
+    __slots__ = ("error", "finished", "handle", "path")
+
+    def __init__(self, path: str, handle: SaveHandle) -> None:
+        self.path = path
+        self.handle = handle
+        self.finished = False
+        self.error: BaseException | None = None
+
+
+class _Removal:
+    __slots__ = ("after", "path")
+
+    def __init__(self, path: str, after: list[_Save]) -> None:
+        self.path = path
+        self.after = after
+
+
+class Saves:
+    """Saves started in the background, one ``Snapshotter`` per root directory, and removals
+    queued until the saves in flight when they were asked for have committed (dropped, keeping
+    the snapshot, when one of those fails). Failures are kept until ``raise_failure``.
+    One thread at a time."""
+
+    def __init__(self, prefix: str, options: dict[str, Any]) -> None:
+        self.prefix = prefix
+        self._options = options
+        self._snapshotters: dict[str, Snapshotter] = {}
+        self._saves: list[_Save] = []
+        self._removals: list[_Removal] = []
+        self._failures: list[BaseException] = []
+
+    def error(self, code: ErrorCode, message: str) -> _C.Error:
+        return error(code, f"{self.prefix}: {message}")
+
+    def start(self, path: str, state: State, metadata: dict[str, Any], *,
+              overwrite: bool = False, dtype: torch.dtype | None = None) -> None:
+        """Starts saving ``state`` as the snapshot directory ``path``; returns once staged."""
+        self.reap()
+        self.raise_failure()
+        check_state(state, self.prefix, path)
+        root, name = os.path.split(path)
+        os.makedirs(root, exist_ok=True)
+        key = os.path.realpath(root)
+        snap = self._snapshotters.get(key)
+        if snap is None:
+            snap = self._snapshotters[key] = Snapshotter(root, **self._options)
+        self._removals = [r for r in self._removals if r.path != path]
+        handle = snap.save_async(name, state, metadata=metadata, dtype=dtype,
+                                 overwrite=overwrite)
+        self._saves.append(_Save(path, handle))
+
+    @property
+    def in_flight(self) -> list[str]:
+        self.reap()
+        return [s.path for s in self._saves]
+
+    def remove(self, path: str) -> None:
+        """Removes the snapshot at ``path`` now, or once the saves in flight have committed."""
+        self.reap()
+        self._removals = [r for r in self._removals if r.path != path]
+        if self._saves:
+            self._removals.append(_Removal(path, list(self._saves)))
+        else:
+            self._remove(path)
+
+    def queued_removals(self) -> list[str]:
+        return [r.path for r in self._removals]
+
+    def wait(self) -> None:
+        """Waits for every save and queued removal; raises the first failure not raised yet
+        (the others as warnings)."""
+        for save in self._saves:
+            self._finish(save)
+        self._saves = []
+        self._run_removals()
+        self.raise_failure(all_of_them=True)
+
+    def close(self) -> None:
+        """``wait()``, then closes the Snapshotters (a later save makes new ones)."""
+        try:
+            self.wait()
+        finally:
+            snaps, self._snapshotters = list(self._snapshotters.values()), {}
+            for snap in snaps:
+                snap.close()
+
+    def reap(self) -> None:
+        still: list[_Save] = []
+        for save in self._saves:
+            if save.handle.done():
+                self._finish(save)
+            else:
+                still.append(save)
+        self._saves = still
+        self._run_removals()
+
+    def raise_failure(self, all_of_them: bool = False) -> None:
+        if not self._failures:
+            return
+        first, rest = self._failures[0], self._failures[1:]
+        self._failures = []
+        if all_of_them:
+            for other in rest:
+                warnings.warn(f"{self.prefix}: another save failed too: {other}",
+                              RuntimeWarning, stacklevel=3)
+        else:
+            self._failures = rest
+        raise first
+
+    def _finish(self, save: _Save) -> None:
+        if save.finished:
+            return
+        try:
+            save.handle.wait()
+        except _C.Error as e:
+            save.error = e
+            self._failures.append(e)
+        save.finished = True
+
+    def _run_removals(self) -> None:
+        queued: list[_Removal] = []
+        for removal in self._removals:
+            if not all(s.finished for s in removal.after):
+                queued.append(removal)
+                continue
+            failed = [s for s in removal.after if s.error is not None]
+            if failed:
+                warnings.warn(f"{self.prefix}: kept {removal.path}: the save of "
+                              f"{failed[0].path} failed while its removal waited for it",
+                              RuntimeWarning, stacklevel=4)
+                continue
+            try:
+                self._remove(removal.path)
+            except _C.Error as e:
+                self._failures.append(e)
+        self._removals = queued
+
+    def _remove(self, path: str) -> None:
+        """Removes a snapshot directory, renamed to a temporary name first (readers and
+        ``latest`` skip it, the next writer in that directory removes a leftover)."""
+        try:
+            if is_snapshot(path):
+                root, name = os.path.split(path)
+                temporary = os.path.join(
+                    root, f".{name}.tmp-{time.time_ns():016x}-{secrets.randbits(32):08x}")
+                os.rename(path, temporary)
+                shutil.rmtree(temporary, ignore_errors=True)
+            elif os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            elif os.path.lexists(path):
+                os.remove(path)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            raise self.error("io", f"cannot remove the checkpoint {path}: {e}") from None
