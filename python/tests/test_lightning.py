@@ -1,21 +1,31 @@
 """tsnap.lightning: Lightning's Trainer and Fabric saving and loading through TsnapCheckpointIO."""
 
+import argparse
 import collections
+import enum
+import errno
 import math
 import os
+import pathlib
+import signal
+import subprocess
+import sys
 import threading
+import time
 import warnings
 
 import pytest
 import torch
 
 pytest.importorskip("lightning")
+np = pytest.importorskip("numpy")
 
 import lightning.pytorch as pl  # noqa: E402
 from lightning.fabric import Fabric  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
 import tsnap  # noqa: E402
+import tsnap.lightning  # noqa: E402
 from tsnap.lightning import TsnapCheckpointIO  # noqa: E402
 
 STEPS_PER_EPOCH = 3  # 24 samples, batches of 8
@@ -336,3 +346,370 @@ def test_load_errors(tmp_path):
         io.save_checkpoint({"w": torch.ones(2)}, tmp_path / "torch.ckpt")
     assert (tmp_path / "torch.ckpt").is_file()
     io.teardown()
+
+
+# -- values beyond JSON, load helpers ----------------------------------------------------------
+
+class Mode(enum.Enum):
+    FAST = "fast"
+    SLOW = "slow"
+
+
+class HNet(Net):
+    """A module built from an argparse.Namespace, as scripts with argparse do."""
+
+    def __init__(self, args=None, **kwargs):
+        pl.LightningModule.__init__(self)
+        # Built again from the stored hyper-parameters: a dict of them, or them as keywords.
+        args = argparse.Namespace(**(args if isinstance(args, dict) else kwargs)) \
+            if args is None or isinstance(args, dict) else args
+        self.save_hyperparameters(args)
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, args.hidden), torch.nn.ReLU(),
+                                       torch.nn.Linear(args.hidden, 1))
+
+
+def rich_values():
+    return {
+        "args": argparse.Namespace(lr=0.1, out=pathlib.Path("/runs/a"), inner=argparse.Namespace(
+            tags={"b", "a"})),
+        "path": pathlib.PurePosixPath("data/train"),
+        "np_float": np.float32(0.1), "np_int": np.int64(-3), "np_bool": np.bool_(True),
+        "np_double": np.float64(1 / 3), "np_array": np.arange(6, dtype=np.float16).reshape(2, 3),
+        "np_empty": np.zeros((0, 2), dtype=np.uint8), "np_str": np.array(["x", "yz"]),
+        "set": {3, 1, 2}, "frozen": frozenset({("a", 1)}), "bytes": b"\x00\xffab",
+        "bytearray": bytearray(b"xy"), "counter": collections.Counter("abracadabra"),
+        "counter_of_tuples": collections.Counter({(1, "a"): 2}),
+        "ordered": collections.OrderedDict([("z", 1), ("a", {2})]),
+        "default": collections.defaultdict(list, {"k": [1, 2]}),
+        "mode": Mode.SLOW, "modes": (Mode.FAST, pathlib.Path("p")),
+        "cls": HNet, "builtin": int, "dtype": torch.float16,
+    }
+
+
+def assert_same_values(a, b, where="values"):
+    """Equal values of equal types, numpy ones included."""
+    assert type(a) is type(b), (where, type(a), type(b))
+    if isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape and (a == b).all(), where
+    elif isinstance(a, argparse.Namespace):
+        assert_same_values(vars(a), vars(b), where)
+    elif isinstance(a, dict):
+        assert list(a) == list(b), (where, list(a), list(b))
+        if isinstance(a, collections.defaultdict):
+            assert a.default_factory is b.default_factory, where
+        for k in a:
+            assert_same_values(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same_values(x, y, f"{where}/{i}")
+    elif isinstance(a, np.generic):
+        assert a.dtype == b.dtype and a == b, (where, a, b)
+    else:
+        assert a == b, (where, a, b)
+
+
+def test_values_beyond_json_round_trip(tmp_path):
+    values = rich_values()
+    ckpt = {"state_dict": {"w": torch.ones(3)}, "global_step": 1, "hyper_parameters": values,
+            "hparams_type": dict, "callbacks": {"Cb": {"seen": {"x", "y"}}}}
+    io = TsnapCheckpointIO(import_types=["test_lightning.Mode", "test_lightning.HNet"])
+    io.save_checkpoint(ckpt, tmp_path / "a.ckpt")
+    got = io.load_checkpoint(tmp_path / "a.ckpt")
+    io.teardown()
+    assert ckpt["hyper_parameters"] is values and isinstance(values["args"], argparse.Namespace)
+    assert got["hparams_type"] is dict and got["callbacks"] == {"Cb": {"seen": {"x", "y"}}}
+    assert_same_values(values, got["hyper_parameters"])
+    assert tsnap.verify(tmp_path / "a.ckpt") == []
+
+    # By default a load imports nothing: the enum members and the class come back as
+    # placeholders naming themselves; builtins and standard classes are restored.
+    got = tsnap.lightning.load(tmp_path / "a.ckpt")["hyper_parameters"]
+    assert got["builtin"] is int and isinstance(got["counter"], collections.Counter)
+    mode = got["mode"]
+    assert isinstance(mode, tsnap.lightning.Unresolved) and mode.kind == "enum"
+    assert (mode.name, mode.member, mode.value) == ("test_lightning.Mode", "SLOW", "slow")
+    assert mode.key == "hyper_parameters/mode" and "import_types" in repr(mode) + mode.message()
+    assert isinstance(got["modes"][0], tsnap.lightning.Unresolved)
+    assert got["modes"][1] == pathlib.Path("p")
+    with pytest.raises(tsnap.Error, match="'hyper_parameters/cls'.*import_types"):
+        got["cls"]()
+    got = tsnap.lightning.load(tmp_path / "a.ckpt", import_types=True)["hyper_parameters"]
+    assert got["mode"] is Mode.SLOW and got["cls"] is HNet
+
+
+def test_values_that_stay_refused(tmp_path):
+    class Local:
+        pass
+    io = TsnapCheckpointIO()
+    for value, match in ((collections.defaultdict(lambda: 0), "default_factory"),
+                         (np.zeros(3, dtype=np.complex64), "complex64"),
+                         (np.zeros(5000), "5000 element"),
+                         ({"local": Local}, "Local.*no importable qualified name"),
+                         ({(1, 2): "tuple key"}, "dict key"),
+                         (argparse.Namespace(f=object()), "'hyper_parameters/v/f'")):
+        ckpt = {"state_dict": {"w": torch.ones(2)}, "hyper_parameters": {"v": value}}
+        with pytest.raises(tsnap.InvalidArgument, match=match):
+            io.save_checkpoint(ckpt, tmp_path / "x.ckpt")
+    io.teardown()
+    assert os.listdir(tmp_path) == []
+
+
+def test_namespace_hparams_and_load_from_checkpoint(tmp_path):
+    args = argparse.Namespace(hidden=4, mode=Mode.FAST, root=pathlib.Path("/data"),
+                              scale=np.float32(0.5), labels=frozenset({"a", "b"}))
+    module = HNet(args)
+    cb = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    trainer(2, [cb], [TsnapCheckpointIO()]).fit(module, data())
+    path = tmp_path / "epoch=0-step=2.ckpt"
+    ckpt = tsnap.lightning.load(path, import_types=["test_lightning.Mode"])
+    assert_same_values(vars(args), dict(ckpt["hyper_parameters"]))
+
+    # Lightning's own load_from_checkpoint reads the path with torch.load: it cannot.
+    with pytest.raises(Exception):  # noqa: B017 (IsADirectoryError or an unpickling error)
+        HNet.load_from_checkpoint(path)
+    # The enum member is not imported unless allowed: refused, naming the key and the option.
+    with pytest.raises(tsnap.Error, match="'hyper_parameters/mode'.*import_types"):
+        tsnap.lightning.load_from_checkpoint(HNet, path)
+    loaded = tsnap.lightning.load_from_checkpoint(HNet, path,
+                                                  import_types=["test_lightning.Mode"])
+    assert isinstance(loaded, HNet) and loaded.hparams.mode is Mode.FAST
+    assert isinstance(loaded.hparams.root, pathlib.PosixPath)
+    for (k, a), b in zip(module.state_dict().items(), loaded.state_dict().values()):
+        assert bits_equal(a, b), k
+    # kwargs override the stored hyper-parameters; loading stays strict.
+    with pytest.raises(RuntimeError, match="Missing key"):
+        tsnap.lightning.load_from_checkpoint(Net, path, hidden=4, import_types=True)
+
+    # Net, saved with plain hyper-parameters, built from them.
+    net_path = tmp_path / "net"
+    t = trainer(1, [ModelCheckpoint(dirpath=net_path, every_n_train_steps=1)],
+                [TsnapCheckpointIO()])
+    net = Net(hidden=8, lrs=(0.5,))
+    t.fit(net, data())
+    loaded = tsnap.lightning.load_from_checkpoint(Net, next(net_path.iterdir()))
+    assert loaded.hparams.hidden == 8 and loaded.hparams.lrs == (0.5,)
+    assert all(bits_equal(a, b) for a, b in zip(net.state_dict().values(),
+                                                 loaded.state_dict().values()))
+
+
+# -- the same checkpoint twice in one step -------------------------------------------------------
+
+def shard_inodes(path):
+    return {os.stat(p).st_ino for p in pathlib.Path(path).glob("*.safetensors")}
+
+
+def test_last_and_top_k_of_one_step_share_files(tmp_path):
+    cb = ModelCheckpoint(dirpath=tmp_path, monitor="train_loss", save_top_k=1, save_last=True,
+                         every_n_train_steps=STEPS_PER_EPOCH)
+    # One save writing at a time: the last.ckpt of step 3 cannot commit after the top-k
+    # checkpoint of step 6 and become the base of the last.ckpt of step 6 (docs/lightning.md).
+    io = TsnapCheckpointIO(max_in_flight=1)
+    trainer(2 * STEPS_PER_EPOCH, [cb], [io]).fit(model(0), data())
+    saved = checkpoints(tmp_path)
+    assert "last.ckpt" in saved and len(saved) == 2, saved
+    top = next(n for n in saved if n != "last.ckpt")
+    last = tsnap.load(tmp_path / "last.ckpt")
+    assert last["global_step"] == tsnap.load(tmp_path / top)["global_step"]
+    assert shard_inodes(tmp_path / "last.ckpt") == shard_inodes(tmp_path / top)
+    assert tsnap.verify(tmp_path / "last.ckpt") == []
+    assert_same(tsnap.load(tmp_path / top)["state_dict"], last["state_dict"])
+
+    # At the plugin: the second save of one step writes only headers and a manifest; a save
+    # after a change, or of another step, writes the bytes again.
+    io = TsnapCheckpointIO()
+    big = {"state_dict": {"w": torch.randn(1 << 20)}, "global_step": 5}
+    io.save_checkpoint(big, tmp_path / "p" / "a.ckpt")
+    io.save_checkpoint(dict(big, extra="last"), tmp_path / "p" / "last.ckpt")
+    written = io._saves[-1].handle
+    io.wait()
+    assert written.stats.written_bytes < 64 << 10 and written.stats.linked_bytes >= 4 << 20
+    big["state_dict"]["w"].add_(1)
+    io.save_checkpoint(big, tmp_path / "p" / "b.ckpt")
+    written = io._saves[-1].handle
+    io.teardown()
+    assert written.stats.written_bytes >= 4 << 20
+    assert tsnap.lightning.load(tmp_path / "p" / "last.ckpt")["extra"] == "last"
+
+
+# -- crashes, a full disk, an exit without teardown ----------------------------------------------
+
+CHILD = r"""
+import os, sys
+sys.path.insert(0, {tests!r})
+import torch
+torch.set_num_threads(1)
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
+import test_lightning as T
+from tsnap.lightning import TsnapCheckpointIO
+
+mode, dirpath, losses = sys.argv[1:4]
+
+
+class Record(pl.Callback):
+    def __init__(self, path):
+        self.path = path
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+        with open(self.path, "a") as f:
+            f.write(f"{{trainer.global_step}} {{outputs['loss'].item().hex()}}\n")
+
+
+class KillAfterSave(ModelCheckpoint):
+    def on_train_batch_end(self, trainer, *args):
+        super().on_train_batch_end(trainer, *args)
+        if mode == "kill" and trainer.global_step == 2 * T.STEPS_PER_EPOCH:
+            os.kill(os.getpid(), 9)   # the save of this step may still be in flight
+
+
+def callback():
+    return KillAfterSave(dirpath=dirpath, save_last=True, save_top_k=-1,
+                         every_n_train_steps=T.STEPS_PER_EPOCH)
+
+
+with T.warnings.catch_warnings():
+    T.warnings.simplefilter("ignore")
+    steps = 4 * T.STEPS_PER_EPOCH
+    if mode == "kill":
+        T.trainer(steps, [Record(losses), callback()], [TsnapCheckpointIO()]).fit(
+            T.model(0), T.data())
+    else:
+        T.trainer(steps, [Record(losses), callback()], [TsnapCheckpointIO()]).fit(
+            T.model(1), T.data(), ckpt_path="last")
+        pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False,
+                   enable_progress_bar=False, enable_model_summary=False,
+                   enable_checkpointing=False, callbacks=[Record(losses + ".ref")]).fit(
+            T.model(0), T.data())
+"""
+
+
+def run_child(tmp_path, *args):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(tests=os.path.dirname(os.path.abspath(__file__))))
+    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+
+
+def read_losses(path):
+    return dict(line.split() for line in pathlib.Path(path).read_text().splitlines())
+
+
+def test_kill_9_mid_run_then_resume_from_last(tmp_path):
+    dirpath, killed, resumed = tmp_path / "ckpt", tmp_path / "killed", tmp_path / "resumed"
+    child = run_child(tmp_path, "kill", dirpath, killed)
+    assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
+    # Whatever the kill interrupted, the committed snapshots are whole (a temporary directory
+    # may be left: readers skip it and the next writer removes it).
+    committed = [n for n in os.listdir(dirpath) if not n.startswith(".")]
+    assert "last.ckpt" in committed
+    for name in committed:
+        assert tsnap.verify(dirpath / name) == []
+    child = run_child(tmp_path, "resume", dirpath, resumed)
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert not [n for n in os.listdir(dirpath) if n.startswith(".")]  # cleaned up
+    reference = read_losses(f"{resumed}.ref")
+    before, after = read_losses(killed), read_losses(resumed)
+    assert len(reference) == 4 * STEPS_PER_EPOCH and len(before) == 2 * STEPS_PER_EPOCH
+    assert min(map(int, after)) in (STEPS_PER_EPOCH + 1, 2 * STEPS_PER_EPOCH + 1), after
+    for step, loss in (before | after).items():
+        assert loss == reference[step], (step, loss, reference[step])
+    assert max(map(int, after)) == 4 * STEPS_PER_EPOCH
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 2 MiB tmpfs, or a skip where mounting one is not allowed."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_disk_full_fails_the_save_and_keeps_the_previous(tiny_disk):
+    io = TsnapCheckpointIO()
+    io.save_checkpoint(state(1), tiny_disk / "a.ckpt")  # 256 KiB
+    io.wait()
+    big = {"state_dict": {"w": torch.randn(1 << 20)}, "global_step": 2}  # 4 MiB
+    io.save_checkpoint(big, tiny_disk / "b.ckpt")
+    io.remove_checkpoint(tiny_disk / "a.ckpt")  # queued behind the save that fails: dropped
+    with pytest.warns(RuntimeWarning, match="kept"):
+        while io.in_flight:
+            time.sleep(0.01)
+    # The next save raises the failure, naming the checkpoint and ENOSPC, and does not start.
+    with pytest.raises(tsnap.IoError, match=r"b\.ckpt failed \(ENOSPC\)") as failure:
+        io.save_checkpoint(state(3), tiny_disk / "c.ckpt")
+    assert failure.value.errno == errno.ENOSPC
+    assert sorted(os.listdir(tiny_disk)) == ["a.ckpt"]
+    assert tsnap.lightning.load(tiny_disk / "a.ckpt")["global_step"] == 1
+    io.teardown()
+
+
+EXIT_CHILD = r"""
+import sys, torch
+from tsnap.lightning import TsnapCheckpointIO
+io = TsnapCheckpointIO()
+for path in sys.argv[1:]:
+    io.save_checkpoint({"state_dict": {"w": torch.randn(1 << 20)}, "global_step": 1}, path)
+# no teardown(), as with Fabric: the saves complete (or report) at interpreter exit
+"""
+
+
+def test_saves_complete_at_exit_without_teardown(tmp_path, request):
+    paths = [tmp_path / "ok" / "a.ckpt"]
+    disk = None
+    if os.geteuid() == 0:
+        disk = request.getfixturevalue("tiny_disk")
+        paths.append(disk / "full.ckpt")
+    child = subprocess.run([sys.executable, "-c", EXIT_CHILD, *map(str, paths)],
+                           capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert tsnap.verify(paths[0]) == []
+    assert tsnap.lightning.load(paths[0])["global_step"] == 1
+    if disk is not None:
+        assert "at interpreter exit" in child.stderr and "ENOSPC" in child.stderr, child.stderr
+        assert os.listdir(disk) == []
+
+
+class ConfNet(Net):
+    """A module whose hyper-parameters are an omegaconf DictConfig."""
+
+    def __init__(self, cfg=None, **kwargs):
+        pl.LightningModule.__init__(self)
+        from omegaconf import OmegaConf
+        cfg = OmegaConf.create(kwargs if cfg is None else cfg)
+        self.save_hyperparameters(cfg)
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, cfg.hidden),
+                                       torch.nn.Linear(cfg.hidden, 1))
+
+
+def test_omegaconf_hyperparameters(tmp_path):
+    omegaconf = pytest.importorskip("omegaconf")
+    cfg = omegaconf.OmegaConf.create({"hidden": 3, "opt": {"lr": 0.1, "betas": [0.9, 0.99]},
+                                      "ref": "${hidden}"})
+    ckpt = {"state_dict": {"w": torch.ones(1)}, "global_step": 1, "hyper_parameters": cfg,
+            "hparams_type": type(cfg), "more": omegaconf.ListConfig([1, {"a": None}])}
+    io = TsnapCheckpointIO()
+    io.save_checkpoint(ckpt, tmp_path / "a.ckpt")
+    got = io.load_checkpoint(tmp_path / "a.ckpt")
+    io.teardown()
+    assert isinstance(got["hyper_parameters"], omegaconf.DictConfig)
+    assert got["hparams_type"] is omegaconf.DictConfig
+    assert omegaconf.OmegaConf.to_container(got["hyper_parameters"]) == \
+        omegaconf.OmegaConf.to_container(cfg)  # interpolations kept unresolved
+    assert got["hyper_parameters"].ref == 3
+    assert isinstance(got["more"], omegaconf.ListConfig) and list(got["more"])[0] == 1
+
+    module = ConfNet(hidden=2)
+    trainer(1, [ModelCheckpoint(dirpath=tmp_path / "t", every_n_train_steps=1)],
+            [TsnapCheckpointIO()]).fit(module, data())
+    loaded = tsnap.lightning.load_from_checkpoint(ConfNet, next((tmp_path / "t").iterdir()))
+    assert loaded.hparams.hidden == 2
+    assert all(bits_equal(a, b) for a, b in zip(module.state_dict().values(),
+                                                 loaded.state_dict().values()))
