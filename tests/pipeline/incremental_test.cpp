@@ -184,12 +184,18 @@ TEST(Incremental, BaseDeletedDuringTheSaveIsCopiedFromItsOpenFiles) {
   EXPECT_FALSE(fs::exists(dir / "s1"));
 }
 
+// Saves snapshot `name` of one fp32 tensor "big" of 4 chunks; returns the state it saved.
+StateDict save_four_chunks(Snapshotter& snap, const std::string& name) {
+  StateDict a;
+  a.insert("big", make_tensor(at::kFloat, {static_cast<int64_t>(kChunk)}, 1));
+  snap.save_async(name, a).wait();
+  return a;
+}
+
 TEST(Incremental, AFileWithSomeEqualChunksGetsThemCopiedIn) {
   TempDir dir;
   Snapshotter snap(options_for(dir.path()));
-  StateDict a;
-  a.insert("big", make_tensor(at::kFloat, {4 * static_cast<int64_t>(kChunk) / 4}, 1));  // 4 chunks
-  snap.save_async("a", a).wait();
+  const StateDict a = save_four_chunks(snap, "a");
   StateDict b;
   at::Tensor changed = a.at("big").clone();
   changed[-1] = 12345.0f;  // only the last chunk differs
@@ -242,9 +248,7 @@ TEST(Incremental, ACorruptBaseChunkIsWrittenAfreshNotSpread) {
 TEST(Incremental, ACorruptChunkOfAPartlyEqualFileIsWrittenNotCopied) {
   TempDir dir;
   Snapshotter snap(options_for(dir.path()));
-  StateDict a;
-  a.insert("big", make_tensor(at::kFloat, {4 * static_cast<int64_t>(kChunk) / 4}, 1));  // 4 chunks
-  snap.save_async("a", a).wait();
+  const StateDict a = save_four_chunks(snap, "a");
   const Manifest ma = read_manifest(dir / "a");
   const TensorRecord* t = ma.find("big");
   ASSERT_NE(t, nullptr);
@@ -456,9 +460,7 @@ TEST(Incremental, SavesRacingRenamesOfTheirBaseFilesCommitOnlyWhatVerifies) {
 TEST(Incremental, ABaseModifiedInPlaceBeforeItsChunksAreCopiedFailsTheSave) {
   TempDir dir;
   Snapshotter snap(options_for(dir.path()));
-  StateDict a;
-  a.insert("big", make_tensor(at::kFloat, {4 * static_cast<int64_t>(kChunk) / 4}, 1));  // 4 chunks
-  snap.save_async("a", a).wait();
+  const StateDict a = save_four_chunks(snap, "a");
   const Manifest ma = read_manifest(dir / "a");
   const TensorRecord* t = ma.find("big");
   ASSERT_NE(t, nullptr);
