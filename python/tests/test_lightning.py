@@ -521,12 +521,12 @@ def test_last_and_top_k_of_one_step_share_files(tmp_path):
     big = {"state_dict": {"w": torch.randn(1 << 20)}, "global_step": 5}
     io.save_checkpoint(big, tmp_path / "p" / "a.ckpt")
     io.save_checkpoint(dict(big, extra="last"), tmp_path / "p" / "last.ckpt")
-    written = io._saves[-1].handle
+    written = io._saves._saves[-1].handle  # the newest save (the plugin's tracker)
     io.wait()
     assert written.stats.written_bytes < 64 << 10 and written.stats.linked_bytes >= 4 << 20
     big["state_dict"]["w"].add_(1)
     io.save_checkpoint(big, tmp_path / "p" / "b.ckpt")
-    written = io._saves[-1].handle
+    written = io._saves._saves[-1].handle  # the newest save (the plugin's tracker)
     io.teardown()
     assert written.stats.written_bytes >= 4 << 20
     assert tsnap.lightning.load(tmp_path / "p" / "last.ckpt")["extra"] == "last"

@@ -44,7 +44,7 @@ from accelerate import Accelerator
 from accelerate.data_loader import SeedableRandomSampler, get_sampler
 
 from ._api import PathArg, load, metadata
-from ._hf import Saves, is_snapshot, rng_state, set_rng_state
+from ._integration import Saves, checked, is_snapshot, rng_state, set_rng_state
 
 __all__ = ["RECORD_KEY", "Checkpointer", "checkpointer", "load_state", "save_state", "wait"]
 
@@ -121,6 +121,8 @@ class Checkpointer:
             "custom": [o.state_dict() for o in acc._custom_objects],
         }
         record = {"format": _RECORD_FORMAT, "iteration": iteration}
+        self._saves.ready()
+        checked(state, _PREFIX, path)
         self._saves.start(path, state, {RECORD_KEY: record}, overwrite=not automatic,
                           dtype=self._dtype)
         acc.project_configuration.iteration = iteration + 1
@@ -228,21 +230,9 @@ class Checkpointer:
 
     def _numbered(self, include_in_flight: bool) -> list[str]:
         """The ``checkpoint_<n>`` snapshots (committed, and in flight if asked), by n."""
-        root = self._checkpoints_dir()
-        found: dict[str, int] = {}
-        names = os.listdir(root) if os.path.isdir(root) else []
-        for name in names:
-            m = _NAME.match(name)
-            path = os.path.join(root, name)
-            if m and os.path.isdir(path) and (include_in_flight or is_snapshot(path)):
-                found[path] = int(m.group(1))
-        if include_in_flight:
-            for path in self._saves.in_flight:
-                m = _NAME.match(os.path.basename(path))
-                if m and os.path.dirname(path) == root:
-                    found[path] = int(m.group(1))
-        removing = set(self._saves.queued_removals())
-        return sorted((p for p in found if p not in removing), key=found.__getitem__)
+        found = self._saves.numbered(self._checkpoints_dir(), _NAME, include_in_flight)
+        return sorted((p for p in found if include_in_flight or is_snapshot(p)),
+                      key=found.__getitem__)
 
 
 _checkpointers: weakref.WeakKeyDictionary[Accelerator, Checkpointer] = \

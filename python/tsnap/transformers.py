@@ -47,7 +47,7 @@ from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
 
 from ._api import load, metadata
-from ._hf import Saves, is_snapshot, rng_state, set_rng_state
+from ._integration import Saves, checked, is_snapshot, rng_state, set_rng_state
 
 __all__ = ["RECORD_KEY", "TsnapTrainer"]
 
@@ -179,6 +179,8 @@ class TsnapTrainer(Trainer):
                 callback_states[name] = cb.state()
         snapshot["trainer_state"] = dataclasses.asdict(self.state)
         meta = {"step": int(self.state.global_step), RECORD_KEY: {"format": _RECORD_FORMAT}}
+        self._tsnap.ready()
+        checked(snapshot, _PREFIX, path)
         self._tsnap.start(path, snapshot, meta, overwrite=True, dtype=self._tsnap_dtype)
         self._rotate(run_dir)
 
@@ -252,19 +254,8 @@ class TsnapTrainer(Trainer):
         return max(found)[1] if found else None
 
     def _numbered(self, run_dir: str, include_in_flight: bool) -> list[tuple[int, str]]:
-        found: dict[str, int] = {}
-        names = os.listdir(run_dir) if os.path.isdir(run_dir) else []
-        for name in names:
-            m = _NAME.match(name)
-            if m and os.path.isdir(os.path.join(run_dir, name)):
-                found[os.path.join(run_dir, name)] = int(m.group(1))
-        if include_in_flight:
-            for path in self._tsnap.in_flight:
-                m = _NAME.match(os.path.basename(path))
-                if m and os.path.dirname(path) == run_dir:
-                    found[path] = int(m.group(1))
-        removing = set(self._tsnap.queued_removals())
-        return sorted((n, p) for p, n in found.items() if p not in removing)
+        found = self._tsnap.numbered(run_dir, _NAME, include_in_flight)
+        return sorted((n, p) for p, n in found.items())
 
     def _rotate(self, run_dir: str) -> None:
         """``save_total_limit``: the oldest checkpoints beyond it are removed (queued until the

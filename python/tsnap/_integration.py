@@ -1,14 +1,17 @@
-"""What tsnap.accelerate and tsnap.transformers share: saves in the background whose removals
-wait for them, RNG states as a snapshot holds them, and the checks of a state before a save.
+"""What the trainer integrations (tsnap.lightning, tsnap.accelerate, tsnap.transformers) share:
+saves in the background whose removals wait for them, the check of a state before a save, and
+RNG states as a snapshot holds them.
 
-Pure Python over ``tsnap.Snapshotter``; needs neither accelerate nor transformers (numpy is
-imported when an RNG state is taken or set).
+Pure Python over ``tsnap.Snapshotter``; needs none of lightning, accelerate or transformers
+(numpy is imported when an RNG state is taken or set).
 """
 
 from __future__ import annotations
 
+import errno as errno_names
 import os
 import random
+import re
 import secrets
 import shutil
 import time
@@ -18,9 +21,9 @@ from typing import Any
 import torch
 
 from . import _C
-from ._api import SaveHandle, Snapshotter
-from ._errors import ErrorCode, error
-from ._tree import State, flatten
+from ._api import DtypeRules, SaveHandle, Snapshotter
+from ._errors import _CLASSES, ErrorCode, error
+from ._tree import State, Tensors, flatten
 
 MANIFEST = "MANIFEST.json"
 
@@ -30,18 +33,26 @@ def is_snapshot(path: str) -> bool:
     return os.path.isdir(path) and os.path.isfile(os.path.join(path, MANIFEST))
 
 
+def same_path(a: str, b: str) -> bool:
+    """Whether two absolute paths name the same checkpoint (one may be a link to the other)."""
+    return a == b or os.path.realpath(a) == os.path.realpath(b)
+
+
 def untagged(e: BaseException) -> str:
+    """The message of ``e`` without the ``tsnap: `` that tsnap's own errors start with."""
     text = str(e)
     return text[len("tsnap: "):] if text.startswith("tsnap: ") else text
 
 
-def check_state(state: State, prefix: str, target: str) -> None:
-    """Raises tsnap.InvalidArgument naming the key of a value a snapshot cannot hold."""
+def checked(state: State, prefix: str, target: str, hint: str = "") -> Tensors:
+    """The tensors of ``state`` by key; raises tsnap.InvalidArgument naming the key of a value a
+    snapshot cannot hold (``hint`` is appended to the message)."""
     try:
-        flatten(state)
+        tensors, _ = flatten(state)
     except (TypeError, ValueError) as e:
         raise error("invalid_argument",
-                    f"{prefix}: cannot save {target}: {untagged(e)}") from None
+                    f"{prefix}: cannot save {target}: {untagged(e)}{hint}") from None
+    return tensors
 
 
 # -- RNG states ------------------------------------------------------------------------------
@@ -95,7 +106,9 @@ def set_rng_state(state: dict[str, Any], prefix: str, target: str) -> None:
 # -- saves in the background -----------------------------------------------------------------
 
 
-class _Save:
+class Save:
+    """One save in flight or completed: its path, handle and outcome."""
+
     __slots__ = ("error", "finished", "handle", "path")
 
     def __init__(self, path: str, handle: SaveHandle) -> None:
@@ -106,9 +119,11 @@ class _Save:
 
 
 class _Removal:
+    """A removal queued until the saves that were in flight when it was asked for complete."""
+
     __slots__ = ("after", "path")
 
-    def __init__(self, path: str, after: list[_Save]) -> None:
+    def __init__(self, path: str, after: list[Save]) -> None:
         self.path = path
         self.after = after
 
@@ -116,53 +131,104 @@ class _Removal:
 class Saves:
     """Saves started in the background, one ``Snapshotter`` per root directory, and removals
     queued until the saves in flight when they were asked for have committed (dropped, keeping
-    the snapshot, when one of those fails). Failures are kept until ``raise_failure``.
+    the snapshot, when one of those fails). Failures are kept until ``raise_failure``; with
+    ``name_failures`` each names the save's path and errno (ENOSPC).
     One thread at a time."""
 
-    def __init__(self, prefix: str, options: dict[str, Any]) -> None:
+    def __init__(self, prefix: str, options: dict[str, Any], *,
+                 name_failures: bool = False) -> None:
         self.prefix = prefix
         self._options = options
+        self._name_failures = name_failures
         self._snapshotters: dict[str, Snapshotter] = {}
-        self._saves: list[_Save] = []
-        self._removals: list[_Removal] = []
-        self._failures: list[BaseException] = []
+        self._saves: list[Save] = []            # in flight, oldest first
+        self._removals: list[_Removal] = []     # queued, oldest first
+        self._failures: list[BaseException] = []  # not raised yet
 
     def error(self, code: ErrorCode, message: str) -> _C.Error:
         return error(code, f"{self.prefix}: {message}")
 
-    def start(self, path: str, state: State, metadata: dict[str, Any], *,
-              overwrite: bool = False, dtype: torch.dtype | None = None) -> None:
-        """Starts saving ``state`` as the snapshot directory ``path``; returns once staged."""
+    def ready(self) -> None:
+        """Collects the saves that completed and raises the first failure not raised yet:
+        what a save does before it looks at its state."""
         self.reap()
         self.raise_failure()
-        check_state(state, self.prefix, path)
+
+    def start(self, path: str, state: State, metadata: dict[str, Any], *,
+              overwrite: bool = False, dtype: torch.dtype | None = None,
+              dtype_rules: DtypeRules = None, incremental: bool | None = None) -> Save:
+        """Starts saving ``state`` (``ready()`` called, ``checked()`` passed) as the snapshot
+        directory ``path``; returns once staged. A queued removal of ``path`` is dropped."""
         root, name = os.path.split(path)
         os.makedirs(root, exist_ok=True)
         key = os.path.realpath(root)
         snap = self._snapshotters.get(key)
         if snap is None:
             snap = self._snapshotters[key] = Snapshotter(root, **self._options)
-        self._removals = [r for r in self._removals if r.path != path]
+        self._removals = [r for r in self._removals if not same_path(r.path, path)]
         handle = snap.save_async(name, state, metadata=metadata, dtype=dtype,
-                                 overwrite=overwrite)
-        self._saves.append(_Save(path, handle))
+                                 dtype_rules=dtype_rules, overwrite=overwrite,
+                                 incremental=incremental)
+        save = Save(path, handle)
+        self._saves.append(save)
+        return save
 
     @property
     def in_flight(self) -> list[str]:
+        """The paths of the saves not known to be complete, oldest first."""
         self.reap()
         return [s.path for s in self._saves]
+
+    def unfinished(self) -> list[str]:
+        """The paths of the saves not waited for yet (without collecting completed ones)."""
+        return [s.path for s in self._saves if not s.finished]
+
+    def numbered(self, root: str, pattern: re.Pattern[str],
+                 include_in_flight: bool) -> dict[str, int]:
+        """The directories in ``root`` whose names ``pattern`` matches (group 1: a number), and
+        with ``include_in_flight`` the saves in flight there, by path (in that order); less
+        those whose removal is queued."""
+        found: dict[str, int] = {}
+        names = os.listdir(root) if os.path.isdir(root) else []
+        for name in names:
+            m = pattern.match(name)
+            path = os.path.join(root, name)
+            if m and os.path.isdir(path):
+                found[path] = int(m.group(1))
+        if include_in_flight:
+            for path in self.in_flight:
+                m = pattern.match(os.path.basename(path))
+                if m and os.path.dirname(path) == root:
+                    found[path] = int(m.group(1))
+        removing = {r.path for r in self._removals}
+        return {p: n for p, n in found.items() if p not in removing}
 
     def remove(self, path: str) -> None:
         """Removes the snapshot at ``path`` now, or once the saves in flight have committed."""
         self.reap()
-        self._removals = [r for r in self._removals if r.path != path]
+        self._removals = [r for r in self._removals if not same_path(r.path, path)]
         if self._saves:
             self._removals.append(_Removal(path, list(self._saves)))
         else:
             self._remove(path)
 
-    def queued_removals(self) -> list[str]:
-        return [r.path for r in self._removals]
+    def wait_for(self, path: str) -> None:
+        """Waits for the saves of ``path``; raises the failure of the last one."""
+        last: Save | None = None
+        for save in self._saves:
+            if same_path(save.path, path):
+                self._finish(save)
+                last = save
+        self.reap()
+        if last is not None and last.error is not None:
+            self._failures = [f for f in self._failures if f is not last.error]
+            raise last.error
+
+    def wait_in(self, root: str) -> None:
+        """Waits for the saves into the directory ``root``; their failures are raised later."""
+        for save in self._saves:
+            if same_path(os.path.dirname(save.path), root):
+                self._finish(save)
 
     def wait(self) -> None:
         """Waits for every save and queued removal; raises the first failure not raised yet
@@ -183,7 +249,8 @@ class Saves:
                 snap.close()
 
     def reap(self) -> None:
-        still: list[_Save] = []
+        """Collects the saves that completed, then does the removals that may be done."""
+        still: list[Save] = []
         for save in self._saves:
             if save.handle.done():
                 self._finish(save)
@@ -205,15 +272,27 @@ class Saves:
             self._failures = rest
         raise first
 
-    def _finish(self, save: _Save) -> None:
+    def _finish(self, save: Save) -> None:
         if save.finished:
             return
         try:
             save.handle.wait()
         except _C.Error as e:
-            save.error = e
-            self._failures.append(e)
+            save.error = self._failed(save.path, e) if self._name_failures else e
+            self._failures.append(save.error)
         save.finished = True
+
+    def _failed(self, path: str, e: _C.Error) -> _C.Error:
+        """The failure of the save of ``path``, naming it and the errno (ENOSPC) of ``e``."""
+        code: Any = getattr(e, "code", "io")
+        number = getattr(e, "errno", 0) or 0
+        name = errno_names.errorcode.get(number)
+        out = self.error(code if code in _CLASSES else "io",
+                         f"the save of {path} failed" + (f" ({name})" if name else "") +
+                         f": {untagged(e)}")
+        out.errno = number
+        out.__cause__ = e
+        return out
 
     def _run_removals(self) -> None:
         queued: list[_Removal] = []
@@ -234,16 +313,20 @@ class Saves:
         self._removals = queued
 
     def _remove(self, path: str) -> None:
-        """Removes a snapshot directory, renamed to a temporary name first (readers and
-        ``latest`` skip it, the next writer in that directory removes a leftover)."""
+        """Removes a snapshot directory, renamed to a temporary name first
+        (tsnap::remove_snapshot's protocol: readers and ``latest`` skip it, the next writer in
+        that directory removes a leftover), another directory, or a file or link (never what
+        it links to)."""
         try:
-            if is_snapshot(path):
+            if os.path.islink(path):
+                os.remove(path)
+            elif is_snapshot(path):
                 root, name = os.path.split(path)
                 temporary = os.path.join(
                     root, f".{name}.tmp-{time.time_ns():016x}-{secrets.randbits(32):08x}")
                 os.rename(path, temporary)
                 shutil.rmtree(temporary, ignore_errors=True)
-            elif os.path.isdir(path) and not os.path.islink(path):
+            elif os.path.isdir(path):
                 shutil.rmtree(path)
             elif os.path.lexists(path):
                 os.remove(path)
