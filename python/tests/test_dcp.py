@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from compare import assert_same, bits_equal
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
@@ -19,27 +20,6 @@ import tsnap
 import tsnap.dcp
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def bits_equal(a, b):
-    assert isinstance(b, torch.Tensor), type(b)
-    assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, b.dtype, a.shape, b.shape)
-    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
-
-
-def assert_same(a, b, where="state"):
-    if isinstance(a, torch.Tensor):
-        assert bits_equal(a, b), where
-    elif isinstance(a, dict):
-        assert set(a) == set(b), (where, set(a) ^ set(b))
-        for k in a:
-            assert_same(a[k], b[k], f"{where}/{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{where}/{i}")
-    else:
-        assert a == b, (where, a, b)
 
 
 def trained(seed):

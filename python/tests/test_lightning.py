@@ -4,7 +4,6 @@ import argparse
 import collections
 import enum
 import errno
-import math
 import os
 import pathlib
 import signal
@@ -21,6 +20,7 @@ pytest.importorskip("lightning")
 np = pytest.importorskip("numpy")
 
 import lightning.pytorch as pl  # noqa: E402
+from compare import assert_same, bits_equal  # noqa: E402
 from lightning.fabric import Fabric  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
@@ -29,35 +29,6 @@ import tsnap.lightning  # noqa: E402
 from tsnap.lightning import TsnapCheckpointIO  # noqa: E402
 
 STEPS_PER_EPOCH = 3  # 24 samples, batches of 8
-
-
-def bits_equal(a, b):
-    assert isinstance(b, torch.Tensor), type(b)
-    assert a.dtype == b.dtype and a.shape == b.shape, (a.dtype, b.dtype, a.shape, b.shape)
-    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
-
-
-def assert_same(a, b, where="checkpoint"):
-    """Equal values of equal types (OrderedDict vs dict, tuple vs list, int vs float)."""
-    if isinstance(a, torch.Tensor):
-        assert bits_equal(a, b), where
-        return
-    if isinstance(a, dict):
-        assert isinstance(b, dict) and isinstance(a, collections.OrderedDict) == isinstance(
-            b, collections.OrderedDict), (where, type(a), type(b))
-        assert list(a) == list(b), (where, set(a) ^ set(b))
-        for k in a:
-            assert_same(a[k], b[k], f"{where}/{k}")
-        return
-    assert type(a) is type(b), (where, type(a), type(b))
-    if isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{where}/{i}")
-    elif isinstance(a, float) and math.isnan(a):
-        assert math.isnan(b), where
-    else:
-        assert a == b, (where, a, b)
 
 
 class Net(pl.LightningModule):
@@ -161,7 +132,7 @@ def test_lightning_checkpoint_round_trip(tmp_path):
     path = tmp_path / "one" / "epoch=1-step=4.ckpt"
     io.save_checkpoint(ckpt, path)
     got = io.load_checkpoint(path)  # waits for the save in flight
-    assert_same(ckpt, got)
+    assert_same(ckpt, got, types=True)
     assert got["state_dict"]._metadata == ckpt["state_dict"]._metadata
     assert tsnap.verify(path) == []
     model = Net()
@@ -203,10 +174,10 @@ def test_fabric_save_load(tmp_path):
     state = {"model": module2, "optimizer": optimizer2, "step": 0}
     remainder = fabric.load(path, state)  # waits for the save in flight
     assert state["step"] == 2
-    assert_same({k: v for k, v in plain.items() if k != "step"}, remainder)
+    assert_same({k: v for k, v in plain.items() if k != "step"}, remainder, types=True)
     for a, b in zip(module.parameters(), module2.parameters()):
         assert bits_equal(a.detach(), b.detach())
-    assert_same(optimizer.state_dict(), optimizer2.state_dict())
+    assert_same(optimizer.state_dict(), optimizer2.state_dict(), types=True)
     io.teardown()
     assert tsnap.verify(path) == []
 
@@ -513,7 +484,7 @@ def test_last_and_top_k_of_one_step_share_files(tmp_path):
     assert last["global_step"] == tsnap.load(tmp_path / top)["global_step"]
     assert shard_inodes(tmp_path / "last.ckpt") == shard_inodes(tmp_path / top)
     assert tsnap.verify(tmp_path / "last.ckpt") == []
-    assert_same(tsnap.load(tmp_path / top)["state_dict"], last["state_dict"])
+    assert_same(tsnap.load(tmp_path / top)["state_dict"], last["state_dict"], types=True)
 
     # At the plugin: the second save of one step writes only headers and a manifest; a save
     # after a change, or of another step, writes the bytes again.
