@@ -9,7 +9,8 @@
 # -k periodic). Wheel LibTorch only: the Debian LibTorch 1.13 build is not involved. Times on
 # the 2 shared cores: a fresh clone 11 min (the library's objects, partly from ccache, and the
 # module), a reinstall after a change to the binding about 2 min, to Python files only about
-# 15 s; the tests about 10-15 s.
+# 15 s; the tests about 2 min 10 s (the multi-rank, example and trainer tests most of it;
+# -m 'not dist' skips the multi-rank ones).
 set -euo pipefail
 
 # The Lightning release tsnap.lightning is tested with (python/tests/test_lightning.py).
