@@ -76,6 +76,13 @@ BaseFile::BaseFile(std::string path, uint64_t size) : path_(std::move(path)), si
   fd_ = std::move(fd);
   dev_ = st.st_dev;
   ino_ = st.st_ino;
+  mtime_ = st.st_mtim;
+}
+
+bool BaseFile::unmodified_since_opened() const {
+  struct stat st {};
+  return ::fstat(fd_.get(), &st) == 0 && static_cast<uint64_t>(st.st_size) == size_ &&
+         st.st_mtim.tv_sec == mtime_.tv_sec && st.st_mtim.tv_nsec == mtime_.tv_nsec;
 }
 
 bool BaseFile::holds(uint64_t begin, uint64_t end, uint64_t hash) const {

@@ -22,6 +22,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <ctime>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,6 +62,10 @@ class BaseFile {
   /// copy_ranges) and checks each hash. Throws Error(kHashMismatch) naming the base file and
   /// the chunk when the base changed between its proof and the link or copy.
   void check_reused(const std::string& target, const std::vector<Chunk>& chunks) const;
+  /// Whether the opened file has not been written since it was opened: same size and
+  /// modification time. A whole file linked from it then holds what was proven, without
+  /// reading it back (its bytes are the base's own).
+  bool unmodified_since_opened() const;
 
  private:
   void copy_ranges_to(int out, const std::string& target,
@@ -73,6 +78,7 @@ class BaseFile {
   io::UniqueFd fd_;
   dev_t dev_ = 0;
   ino_t ino_ = 0;
+  struct timespec mtime_ {};
 };
 
 }  // namespace tsnap::pipeline

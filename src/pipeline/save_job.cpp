@@ -466,8 +466,14 @@ void SaveJob::reuse_base_files() {
     if (ranges.size() == 1 && ranges[0] == std::make_pair(uint64_t{0}, file.size)) {
       // Nothing of it was written: the empty file makes way for the base file.
       if (::unlink(path.c_str()) != 0) detail::throw_sys_error(-errno, "remove " + path);
-      if (base_files_[f]->link_or_copy(path)) linked_bytes_ += file.size;
       reused_whole_[f] = true;
+      if (base_files_[f]->link_or_copy(path)) {
+        linked_bytes_ += file.size;
+        // A linked file is the base's own inode: unwritten since it was opened (before its
+        // chunks were proven), it holds what was proven, and reading it back would cost as
+        // much as writing it.
+        if (base_files_[f]->unmodified_since_opened()) continue;
+      }
     } else {
       base_files_[f]->copy_ranges(path, ranges);
     }
