@@ -1,7 +1,12 @@
 """tsnap.accelerate: an Accelerator's state saved and resumed through tsnap snapshots."""
 
+import errno
 import os
+import pathlib
 import random
+import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -167,3 +172,113 @@ def test_automatic_naming_refuses_an_existing_iteration(tmp_path):
     with pytest.raises(tsnap.Error, match="already exists"):
         tsnap.accelerate.save_state(acc)
     tsnap.accelerate.wait(acc)
+
+
+# -- a crash mid-run, a full disk ------------------------------------------------------------------
+
+CHILD = r"""
+import os, sys
+sys.path.insert(0, {tests!r})
+import torch
+torch.set_num_threads(1)
+import test_accelerate as T
+import tsnap.accelerate
+
+mode, project, losses = sys.argv[1:4]
+
+
+def record(path, epoch, values):
+    with open(path, "a") as f:
+        f.writelines(f"{{epoch}}:{{i}} {{v.hex()}}\n" for i, v in enumerate(values))
+
+
+if mode == "kill":
+    T.seed_all()
+    acc, *objs = T.setup(project)
+    for epoch in range(T.EPOCHS):
+        if epoch == 2:  # mid-epoch, once a checkpoint is committed; the newest may be in flight
+            while not any(T.tsnap._integration.is_snapshot(os.path.join(project, "checkpoints", n))
+                          for n in ("checkpoint_0", "checkpoint_1")):
+                T.time.sleep(0.005)
+            os.kill(os.getpid(), 9)
+        record(losses, epoch, T.epoch(acc, *objs))
+        tsnap.accelerate.save_state(acc)
+else:
+    T.scramble()
+    acc, *objs = T.setup(project, seed=5)
+    tsnap.accelerate.load_state(acc)     # the newest committed checkpoint_<n>
+    for epoch in range(acc.save_iteration, T.EPOCHS):
+        record(losses, epoch, T.epoch(acc, *objs))
+        tsnap.accelerate.save_state(acc)
+    tsnap.accelerate.wait(acc)
+    T.seed_all()
+    acc, *objs = T.setup(project + "-ref")
+    for epoch in range(T.EPOCHS):
+        record(losses + ".ref", epoch, T.epoch(acc, *objs))
+"""
+
+
+def run_child(tmp_path, *args):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(tests=os.path.dirname(os.path.abspath(__file__))))
+    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+
+
+def read_losses(path):
+    return dict(line.split() for line in pathlib.Path(path).read_text().splitlines())
+
+
+def test_kill_9_mid_run_then_load_state_resumes_bit_identically(tmp_path):
+    project, killed, resumed = tmp_path / "run", tmp_path / "killed", tmp_path / "resumed"
+    child = run_child(tmp_path, "kill", project, killed)
+    assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
+    root = project / "checkpoints"
+    # Whatever the kill interrupted, the committed snapshots are whole (a temporary directory
+    # may be left: readers skip it and the next writer removes it).
+    committed = [n for n in os.listdir(root) if not n.startswith(".")]
+    assert committed and set(committed) <= {"checkpoint_0", "checkpoint_1"}, committed
+    for name in committed:
+        assert tsnap.verify(root / name) == []
+    child = run_child(tmp_path, "resume", project, resumed)
+    assert child.returncode == 0, child.stderr[-2000:]
+    reference, before, after = (read_losses(p) for p in (f"{resumed}.ref", killed, resumed))
+    assert len(reference) == EPOCHS * 5 and len(before) == 2 * 5
+    assert min(after) in ("1:0", "2:0"), sorted(after)
+    for key, loss in (before | after).items():
+        assert loss == reference[key], (key, loss, reference[key])
+    assert max(after) == f"{EPOCHS - 1}:4"
+    assert not [n for n in os.listdir(root) if n.startswith(".")]  # the next writer cleaned up
+
+
+class Big:
+    """A registered object whose state grows past the disk."""
+
+    def __init__(self):
+        self.t = torch.zeros(1)
+
+    def state_dict(self):
+        return {"t": self.t}
+
+    def load_state_dict(self, sd):
+        self.t = sd["t"]
+
+
+def test_disk_full_fails_the_save_and_keeps_the_previous(tiny_disk):
+    acc, *_ = setup(tiny_disk, total_limit=1)
+    big = Big()
+    acc.register_for_checkpointing(big)
+    first = tsnap.accelerate.save_state(acc)
+    tsnap.accelerate.wait(acc)
+    big.t = torch.randn(1 << 20)  # 4 MiB on a 2 MiB disk
+    tsnap.accelerate.save_state(acc)  # total_limit=1: checkpoint_0's removal waits for it
+    with pytest.warns(RuntimeWarning, match="kept"):
+        with pytest.raises(tsnap.IoError, match=r"checkpoint_1 failed \(ENOSPC\)") as failure:
+            tsnap.accelerate.wait(acc)
+    assert failure.value.errno == errno.ENOSPC
+    root = tiny_disk / "checkpoints"
+    assert sorted(os.listdir(root)) == ["checkpoint_0"]
+    assert tsnap.verify(first) == []
+    big.t = torch.zeros(1)
+    assert tsnap.accelerate.load_state(acc) == first
+    tsnap.accelerate.checkpointer(acc).close()

@@ -588,21 +588,6 @@ def test_kill_9_mid_run_then_resume_from_last(tmp_path):
     assert max(map(int, after)) == 4 * STEPS_PER_EPOCH
 
 
-@pytest.fixture
-def tiny_disk(tmp_path):
-    """A 2 MiB tmpfs, or a skip where mounting one is not allowed."""
-    where = tmp_path / "disk"
-    where.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs: {mounted.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
 def test_disk_full_fails_the_save_and_keeps_the_previous(tiny_disk):
     io = TsnapCheckpointIO()
     io.save_checkpoint(state(1), tiny_disk / "a.ckpt")  # 256 KiB

@@ -1,6 +1,11 @@
 """tsnap.transformers: TsnapTrainer's checkpoints as tsnap snapshots, and an exact resume."""
 
+import errno
 import os
+import pathlib
+import signal
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -132,3 +137,103 @@ def test_refuses_what_it_does_not_cover(tmp_path):
     with pytest.raises(ValueError, match="No valid checkpoint"):
         TsnapTrainer(model=model(0), args=arguments(tmp_path / "e"),
                      train_dataset=dataset()).train(resume_from_checkpoint=True)
+
+
+# -- a crash mid-run, a full disk ------------------------------------------------------------------
+
+CHILD = r"""
+import os, sys, time, warnings
+sys.path.insert(0, {tests!r})
+warnings.simplefilter("ignore")
+import torch
+torch.set_num_threads(1)
+import test_transformers as T
+from transformers import TrainerCallback
+from tsnap._integration import is_snapshot
+
+mode, out, losses = sys.argv[1:4]
+
+
+class Losses(T.Recording):
+    def __init__(self, path, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.path = path
+
+    def compute_loss(self, model, inputs, *args, **kwargs):
+        loss = super().compute_loss(model, inputs, *args, **kwargs)
+        with open(self.path, "a") as f:
+            f.write(f"{{self.state.global_step + 1}} {{self.losses[-1].hex()}}\n")
+        return loss
+
+
+class KillAt(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        # Step 7: checkpoint-3 committed (waited for), checkpoint-6 maybe still in flight.
+        if state.global_step == 7:
+            while not is_snapshot(os.path.join(out, "checkpoint-3")):
+                time.sleep(0.005)
+            os.kill(os.getpid(), 9)
+
+
+if mode == "kill":
+    Losses(losses, model=T.model(0), args=T.arguments(out), train_dataset=T.dataset(),
+           callbacks=[KillAt()]).train()
+else:
+    torch.manual_seed(123)
+    Losses(losses, model=T.model(1), args=T.arguments(out),
+           train_dataset=T.dataset()).train(resume_from_checkpoint=True)
+    Losses(losses + ".ref", model=T.model(0), args=T.arguments(out + "-ref", save_strategy="no"),
+           train_dataset=T.dataset()).train()
+"""
+
+
+def run_child(tmp_path, *args):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(tests=os.path.dirname(os.path.abspath(__file__))))
+    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+
+
+def read_losses(path):
+    return dict(line.split() for line in pathlib.Path(path).read_text().splitlines())
+
+
+def test_kill_9_mid_run_then_resume_bit_identically(tmp_path):
+    out, killed, resumed = tmp_path / "run", tmp_path / "killed", tmp_path / "resumed"
+    child = run_child(tmp_path, "kill", out, killed)
+    assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
+    # Whatever the kill interrupted, the committed snapshots are whole (a temporary directory
+    # may be left: readers skip it and the next writer removes it).
+    committed = [n for n in os.listdir(out) if not n.startswith(".")]
+    assert "checkpoint-3" in committed and set(committed) <= {"checkpoint-3", "checkpoint-6"}
+    for name in committed:
+        assert tsnap.verify(out / name) == []
+    child = run_child(tmp_path, "resume", out, resumed)
+    assert child.returncode == 0, child.stderr[-2000:]
+    reference, before, after = (read_losses(p) for p in (f"{resumed}.ref", killed, resumed))
+    assert len(reference) == MAX_STEPS and len(before) == 7
+    assert min(map(int, after)) in (4, 7), sorted(after)
+    for step, loss in (before | after).items():
+        assert loss == reference[step], (step, loss, reference[step])
+    assert max(map(int, after)) == MAX_STEPS
+    assert not [n for n in os.listdir(out) if n.startswith(".")]  # the next writer cleaned up
+
+
+class Grow(TrainerCallback):
+    """Gives the model a buffer too big for the disk after the first checkpoint."""
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step == 4:
+            model.register_buffer("big", torch.randn(1 << 20))  # 4 MiB on a 2 MiB disk
+
+
+def test_disk_full_fails_the_save_and_keeps_the_previous(tiny_disk):
+    t = TsnapTrainer(model=model(0), args=arguments(tiny_disk, max_steps=7, save_total_limit=1),
+                     train_dataset=dataset(), callbacks=[Grow()])
+    with pytest.raises(tsnap.IoError, match=r"checkpoint-6 failed \(ENOSPC\)") as failure:
+        t.train()  # checkpoint-3's removal waited for checkpoint-6, which failed: kept
+    assert failure.value.errno == errno.ENOSPC
+    assert checkpoints(tiny_disk) == ["checkpoint-3"]
+    assert tsnap.verify(tiny_disk / "checkpoint-3") == []
+    assert tsnap.load(tiny_disk / "checkpoint-3")["trainer_state"]["global_step"] == 3
+    t.close_checkpoints()

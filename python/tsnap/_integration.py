@@ -131,15 +131,12 @@ class _Removal:
 class Saves:
     """Saves started in the background, one ``Snapshotter`` per root directory, and removals
     queued until the saves in flight when they were asked for have committed (dropped, keeping
-    the snapshot, when one of those fails). Failures are kept until ``raise_failure``; with
-    ``name_failures`` each names the save's path and errno (ENOSPC).
-    One thread at a time."""
+    the snapshot, when one of those fails). Failures are kept until ``raise_failure``; each
+    names the save's path and errno (ENOSPC). One thread at a time."""
 
-    def __init__(self, prefix: str, options: dict[str, Any], *,
-                 name_failures: bool = False) -> None:
+    def __init__(self, prefix: str, options: dict[str, Any]) -> None:
         self.prefix = prefix
         self._options = options
-        self._name_failures = name_failures
         self._snapshotters: dict[str, Snapshotter] = {}
         self._saves: list[Save] = []            # in flight, oldest first
         self._removals: list[_Removal] = []     # queued, oldest first
@@ -278,7 +275,7 @@ class Saves:
         try:
             save.handle.wait()
         except _C.Error as e:
-            save.error = self._failed(save.path, e) if self._name_failures else e
+            save.error = self._failed(save.path, e)
             self._failures.append(save.error)
         save.finished = True
 

@@ -187,8 +187,7 @@ class TsnapCheckpointIO(CheckpointIO):
         self._link_same_step = bool(link_same_step)
         self._saves = Saves(_PREFIX, dict(
             snapshotter_options, max_in_flight=int(max_in_flight),
-            staging_budget=int(staging_budget), incremental=bool(incremental)),
-            name_failures=True)
+            staging_budget=int(staging_budget), incremental=bool(incremental)))
         self._previous: dict[str, _Previous] = {}  # by directory
         _LIVE.add(self)
 
