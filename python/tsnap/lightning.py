@@ -44,10 +44,14 @@ for the first and hard-links its files.
 ``load(path)`` returns a checkpoint dict and ``load_from_checkpoint(ModelClass, path)`` builds
 a module from one: ``LightningModule.load_from_checkpoint`` and ``lightning.pytorch.core.saving``
 read files with ``torch.load`` themselves, not through the plugin, and cannot read a snapshot.
-Not covered: strategies that write sharded checkpoints themselves (FSDP with
-``state_dict_type="sharded"``, ``ModelParallelStrategy``, DeepSpeed) do not go through a
-``CheckpointIO``; the standalone ``pytorch_lightning`` package has its own
-``CheckpointIO`` class, which this plugin does not derive from.
+Sharded strategies write their checkpoints themselves, not through a ``CheckpointIO``:
+``TsnapModelParallelStrategy`` is Lightning's ``ModelParallelStrategy`` (FSDP2, tensor
+parallelism) saving each rank's shards into one snapshot, restorable on any world size::
+
+    trainer = Trainer(strategy=TsnapModelParallelStrategy(), callbacks=[ModelCheckpoint(...)])
+
+Not covered: ``FSDPStrategy`` (FSDP1) and DeepSpeed; the standalone ``pytorch_lightning``
+package has its own ``CheckpointIO`` class, which this plugin does not derive from.
 """
 
 from __future__ import annotations
@@ -65,17 +69,21 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+from lightning.pytorch.core.optimizer import LightningOptimizer
+from lightning.pytorch.strategies import ModelParallelStrategy
 
 from . import _C
-from ._api import DtypeRules, PathArg, metadata
+from ._api import DtypeRules, PathArg, load_into, metadata
 from ._api import load as load_snapshot
+from ._dist import DistGroup
 from ._errors import ErrorCode, error
 from ._integration import MANIFEST, Save, Saves, checked, untagged
 from ._tagged import ImportTypes as ImportTypes  # the type of import_types, public here
 from ._tagged import Unresolved, restore_values, tagged, unresolved_in
 from ._tree import SEP
 
-__all__ = ["RECORD_KEY", "TsnapCheckpointIO", "Unresolved", "load", "load_from_checkpoint"]
+__all__ = ["RECORD_KEY", "TsnapCheckpointIO", "TsnapModelParallelStrategy", "Unresolved", "load",
+           "load_from_checkpoint"]
 
 # The metadata key of the plugin's record in each snapshot's manifest.
 RECORD_KEY = "tsnap_lightning"
@@ -185,9 +193,9 @@ class TsnapCheckpointIO(CheckpointIO):
         self._import_types: ImportTypes = (
             import_types if isinstance(import_types, bool) else frozenset(import_types))
         self._link_same_step = bool(link_same_step)
-        self._saves = Saves(_PREFIX, dict(
-            snapshotter_options, max_in_flight=int(max_in_flight),
-            staging_budget=int(staging_budget), incremental=bool(incremental)))
+        self._options = dict(snapshotter_options, max_in_flight=int(max_in_flight),
+                             staging_budget=int(staging_budget), incremental=bool(incremental))
+        self._saves = Saves(_PREFIX, self._options)
         self._previous: dict[str, _Previous] = {}  # by directory
         _LIVE.add(self)
 
@@ -245,7 +253,11 @@ class TsnapCheckpointIO(CheckpointIO):
         hash does not match, with ``verify``).
         """
         del weights_only  # nothing is unpickled, whatever it says
-        target = _abspath(path)
+        return self._load(_abspath(path), map_location)
+
+    def _load(self, target: str, map_location: MapLocation = None,
+              exclude: list[str] | None = None) -> dict[str, Any]:
+        """``load_checkpoint``, less the tensors whose keys ``exclude`` (globs) matches."""
         self._saves.wait_for(target)
         if not os.path.lexists(target):
             raise FileNotFoundError(f"Checkpoint file not found: {target}")
@@ -257,7 +269,7 @@ class TsnapCheckpointIO(CheckpointIO):
         if not os.path.isfile(os.path.join(target, MANIFEST)):
             raise _error("unsupported_format",
                          f"{target} is a directory without {MANIFEST}: not a tsnap snapshot")
-        state = load_snapshot(target, verify=self._verify)
+        state = load_snapshot(target, exclude=exclude, verify=self._verify)
         record = metadata(target).get(RECORD_KEY)
         if isinstance(record, dict):
             _restore_module_metadata(state, record, target)
@@ -303,6 +315,15 @@ class TsnapCheckpointIO(CheckpointIO):
 
     # -- internals -----------------------------------------------------------------------------
 
+    def _join(self, group: DistGroup) -> None:
+        """Makes every later save a distributed one: each rank of ``group`` calls
+        ``save_checkpoint`` with the same path and writes its part (the pieces of its DTensors,
+        its share of the replicated tensors); rank 0 commits."""
+        if self._saves.unfinished():
+            self._saves.wait()
+        self._saves = Saves(_PREFIX, dict(self._options, group=group))
+        self._link_same_step = False  # each rank's last save may differ: no guess across ranks
+
     def _same_step(self, root: str, step: Any,
                    tensors: Mapping[str, torch.Tensor]) -> bool | None:
         """Whether to save incrementally (None: as configured): True, after waiting for the
@@ -345,6 +366,114 @@ class TsnapCheckpointIO(CheckpointIO):
             print(f"tsnap.lightning: waited at interpreter exit for {len(pending)} save(s) "
                   f"({', '.join(pending)}); call teardown() or wait() to see failures earlier",
                   file=sys.stderr)
+
+
+class TsnapModelParallelStrategy(ModelParallelStrategy):
+    """Lightning's ``ModelParallelStrategy`` (FSDP2 ``fully_shard`` and tensor parallelism in
+    ``configure_model``) whose sharded checkpoints are tsnap snapshots, saved in the background;
+    takes ``ModelParallelStrategy``'s arguments, and ``tsnap_options`` (a dict of
+    ``TsnapCheckpointIO``'s: ``dtype``, ``max_in_flight``, ``staging_budget``, ...)::
+
+        trainer = Trainer(strategy=TsnapModelParallelStrategy(data_parallel_size=8), ...)
+
+    A checkpoint is one snapshot directory at the path Lightning names, written by every rank
+    together through a ``tsnap.DistGroup`` on the store of the strategy's process group: each
+    rank writes its pieces of the sharded weights and optimizer moments (DTensors), the
+    replicated tensors are written once, rank 0 commits. ``save_checkpoint`` returns on each rank
+    once its tensors are staged. A load reads each rank's own region of every weight and moment,
+    whatever world size or mesh saved it; ``tsnap.lightning.load(path)`` gives the whole tensors
+    in one process. Removals, failures and ``teardown()`` behave as with ``TsnapCheckpointIO``;
+    a checkpoint that is not a tsnap snapshot (written by ``ModelParallelStrategy``) loads as
+    Lightning loads it. ``save_distributed_checkpoint=False`` is refused: it gathers the whole
+    state on rank 0, and a snapshot of the shards loads on any world size anyway.
+    """
+
+    def __init__(self, *args: Any, tsnap_options: Mapping[str, Any] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not self._save_distributed_checkpoint:
+            raise _error("invalid_argument", "TsnapModelParallelStrategy saves each rank's "
+                         "shards (save_distributed_checkpoint=True); a snapshot of them loads on "
+                         "any world size, and tsnap.lightning.load gives the whole tensors")
+        self._tsnap = TsnapCheckpointIO(**dict(tsnap_options or {}))
+        self._tsnap_joined = False
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: PathArg,
+                        storage_options: Any | None = None) -> None:
+        """Starts saving ``checkpoint`` (called on every rank) as the snapshot directory
+        ``filepath`` (rank 0's path); returns once this rank's tensors are staged. Raises as
+        ``TsnapCheckpointIO.save_checkpoint``."""
+        path = self.broadcast(_abspath(filepath))
+        self._tsnap_io().save_checkpoint(checkpoint, path, storage_options)
+
+    def load_checkpoint(self, checkpoint_path: PathArg,
+                        weights_only: bool | None = None) -> dict[str, Any]:
+        """Loads the weights and optimizer states (called on every rank, after setup) into the
+        sharded model and optimizers, and returns the rest of the checkpoint (a checkpoint
+        that is not a tsnap snapshot loads as ``ModelParallelStrategy`` loads it). Raises as
+        ``TsnapCheckpointIO.load_checkpoint``, and tsnap.InvalidArgument, before anything is
+        written, when the snapshot lacks a weight or an optimizer state of the model, holds
+        one of another shape, or (unless the module's ``strict_loading`` is False) holds a
+        weight the model lacks."""
+        path = self.broadcast(_abspath(checkpoint_path))
+        if not os.path.isfile(os.path.join(path, MANIFEST)):
+            return super().load_checkpoint(path, weights_only)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        io = self._tsnap_io()
+        model = self.model
+        assert model is not None and self.lightning_module is not None
+        strict = bool(self.lightning_module.strict_loading)
+        checkpoint = io._load(path, exclude=[f"{k}{SEP}*" for k in ("state_dict",
+                                                                     "optimizer_states")])
+        model_state = get_model_state_dict(model)
+        targets: dict[str, Any] = {"state_dict": model_state}
+        optimizers = [o._optimizer if isinstance(o, LightningOptimizer) else o
+                      for o in self.optimizers]
+        saved = checkpoint.pop("optimizer_states", None)
+        states = []
+        if saved is not None and optimizers:
+            if len(saved) != len(optimizers):
+                raise _error("invalid_argument", f"{path} holds {len(saved)} optimizer "
+                             f"states, the model has {len(optimizers)} optimizers")
+            states = [get_optimizer_state_dict(model, o) for o in optimizers]
+            targets["optimizer_states"] = [{"state": s["state"]} for s in states]
+        load_into(path, targets, [f"{k}{SEP}*" for k in targets], strict=strict,
+                  verify=io._verify)
+        set_model_state_dict(model, model_state, options=StateDictOptions(strict=strict))
+        for optimizer, state, record in zip(optimizers, states, saved or []):
+            state["param_groups"] = record["param_groups"]
+            set_optimizer_state_dict(model, optimizer, state)
+        checkpoint.pop("state_dict", None)
+        return checkpoint
+
+    def remove_checkpoint(self, filepath: PathArg) -> None:
+        """Removes the checkpoint at ``filepath`` on rank 0, as
+        ``TsnapCheckpointIO.remove_checkpoint`` (a removal waits for the saves in flight)."""
+        if self.is_global_zero:
+            self._tsnap.remove_checkpoint(filepath)
+
+    def teardown(self) -> None:
+        """Waits for every save (raising the first failure), then tears down as Lightning
+        does."""
+        try:
+            self._tsnap.teardown()
+        finally:
+            super().teardown()
+
+    def _tsnap_io(self) -> TsnapCheckpointIO:
+        """The plugin, joined at first use to the ranks' DistGroup (made on every rank)."""
+        if not self._tsnap_joined:
+            if self.world_size > 1:
+                self._tsnap._join(DistGroup())
+            self._tsnap_joined = True
+        return self._tsnap
 
 
 def load(path: PathArg, map_location: MapLocation = None, *, import_types: ImportTypes = False,
