@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <map>
 #include <mutex>
-#include <tuple>
 
 #include "format/layout.h"
 #include "format/manifest_io.h"
@@ -15,12 +14,20 @@ bool is_s3(const std::filesystem::path& path) { return io::S3Url::is_s3(path.nat
 
 std::shared_ptr<io::S3Client> s3_client() {
   static std::mutex mu;
-  static std::map<std::tuple<std::string, std::string, std::string, std::string, std::string>,
-                  std::shared_ptr<io::S3Client>>
-      clients;
+  static std::map<std::string, std::shared_ptr<io::S3Client>> clients;
   io::S3Config config = io::S3Config::from_environment();
-  const auto key = std::make_tuple(config.endpoint, config.region, config.access_key,
-                                   config.secret_key, config.session_token);
+  // One client per distinct configuration: every field of it.
+  std::string key;
+  for (const std::string* s : {&config.endpoint, &config.region, &config.access_key,
+                               &config.secret_key, &config.session_token}) {
+    key += std::to_string(s->size()) + ":" + *s;
+  }
+  for (const long v :
+       {config.connect_timeout_ms, config.timeout_ms, config.min_speed,
+        static_cast<long>(config.attempts), config.retry_ms, static_cast<long>(config.path_style),
+        static_cast<long>(config.verify_etag)}) {
+    key += "/" + std::to_string(v);
+  }
   std::lock_guard<std::mutex> lock(mu);
   std::shared_ptr<io::S3Client>& client = clients[key];
   if (!client) client = std::make_shared<io::S3Client>(std::move(config));
@@ -87,19 +94,31 @@ std::vector<Listed> S3Root::list() const {
 
 std::optional<std::string> S3Root::manifest_text(const std::string& name) const {
   const std::string key = this->key(name, kManifestName);
-  const std::optional<io::S3Object> head = client_->head_object(url_.bucket, key);
-  if (!head) return std::nullopt;
-  if (head->size > kMaxManifestBytes) {
-    throw_error(ErrorCode::kBadManifest,
-                url(name) + "/" + kManifestName + " has " + std::to_string(head->size) +
-                    " bytes, more than the cap of " + std::to_string(kMaxManifestBytes));
+  // A manifest replaced between the HEAD and the GET (a drain of a newer save of the name)
+  // fails the GET's If-Match: HEAD it again.
+  for (int tries = 1;; ++tries) {
+    const std::optional<io::S3Object> head = client_->head_object(url_.bucket, key);
+    if (!head) return std::nullopt;
+    if (head->size > kMaxManifestBytes) {
+      throw_error(ErrorCode::kBadManifest,
+                  url(name) + "/" + kManifestName + " has " + std::to_string(head->size) +
+                      " bytes, more than the cap of " + std::to_string(kMaxManifestBytes));
+    }
+    try {
+      return client_->get_object(url_.bucket, *head);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::kNotFound || tries == 3) throw;
+    }
   }
-  try {
-    return client_->get_object(url_.bucket, key);
-  } catch (const Error& e) {
-    if (e.code() == ErrorCode::kNotFound) return std::nullopt;  // removed meanwhile
-    throw;
+}
+
+std::map<std::string, uint64_t> S3Root::object_sizes(const std::string& name) const {
+  const std::string base = url_.key(name + "/");
+  std::map<std::string, uint64_t> sizes;
+  for (const io::S3Object& o : client_->list(url_.bucket, base).objects) {
+    sizes.emplace(o.key.substr(base.size()), o.size);
   }
+  return sizes;
 }
 
 Manifest S3Root::read_manifest(const std::string& name) const {

@@ -12,7 +12,9 @@
 /// client per distinct configuration is kept for the process, so calls reuse connections.
 /// Thread-safety: every function may be called from any thread.
 
+#include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -56,6 +58,8 @@ class S3Root {
   /// `name`'s manifest, parsed and checked as a local one. Errors: IoError(kNotFound) when it
   /// has none; FormatError as read_manifest.
   Manifest read_manifest(const std::string& name) const;
+  /// The objects under `name` (file name -> bytes), from one listing. Errors: IoError.
+  std::map<std::string, uint64_t> object_sizes(const std::string& name) const;
   /// Removes snapshot `name`: its manifest first (it is no longer listed as committed), then
   /// every other object under it. Errors: IoError(kNotFound) when it has no object at all.
   void remove(const std::string& name) const;

@@ -39,12 +39,15 @@ struct Request {
   std::vector<std::string> headers;  // extra, "lower-case-name: value" (all signed)
   void* out = nullptr;               // ranged GET: the 206 body goes here...
   size_t out_size = 0;               // ...at most this many bytes
+  size_t body_cap = kMaxXmlBytes;    // the most bytes of a 2xx body kept in Response::body
   bool error_in_200 = false;         // a 200 whose body is <Error> failed (CompleteMultipartUpload)
+  bool slow_answer = false;  // the server may think for minutes, sending spaces (Complete...)
   const char* content_type = "application/xml";  // of a PUT/POST body
 };
 
 struct Response {
   CURL* curl = nullptr;  // during the transfer only
+  bool no_body = false;  // a HEAD: Content-Length is the object's, not a body's
   long status = 0;
   std::string body;  // the body, unless it went to Request::out
   std::string etag;  // without quotes
@@ -52,7 +55,9 @@ struct Response {
   void* out = nullptr;  // Request::out, Request::out_size
   size_t out_size = 0;
   size_t out_written = 0;
-  bool out_overflow = false;  // more bytes than Request::out_size, or a 200 to a ranged GET
+  size_t body_cap = 0;        // Request::body_cap
+  std::string refused;        // why the transfer was stopped: more bytes than the caps allow
+  bool error_cut = false;     // an error body longer than kMaxErrorBytes, cut there
   std::string code, message;  // S3's error, when the request failed
   int attempts = 0;
 };
@@ -64,12 +69,31 @@ using s3_detail::Response;
 
 namespace {
 
+// The most entries a listing holds (list, list_parts, list_multipart_uploads).
+constexpr size_t kMaxListEntries = 1'000'000;
+
+// The limit on one try of a request whose answer may take minutes (slow_answer).
+constexpr long kSlowAnswerMs = 15 * 60 * 1000;
+
 constexpr const char* kEmptySha256 =
     "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
 std::string env(const char* name) {
   const char* v = std::getenv(name);
   return v ? v : "";
+}
+
+// Sets `*value` from the environment variable `name` when it is set: a number >= `min`.
+void env_limit(const char* name, long min, long* value) {
+  const std::string v = env(name);
+  if (v.empty()) return;
+  long n = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (ec != std::errc{} || end != v.data() + v.size() || n < min) {
+    throw_error(ErrorCode::kInvalidArgument,
+                std::string(name) + "='" + v + "' is not a whole number >= " + std::to_string(min));
+  }
+  *value = n;
 }
 
 // MD5 (Content-MD5, ETags) or SHA-256 (x-amz-content-sha256) of a buffer.
@@ -114,160 +138,125 @@ std::string canonical_query(const std::map<std::string, std::string>& params) {
   return q;
 }
 
-// Text for an XML element: & < > escaped.
-std::string xml_escape(std::string_view s) {
-  std::string r;
-  for (const char& c : s) {
-    const char* e = c == '&' ? "&amp;" : c == '<' ? "&lt;" : c == '>' ? "&gt;" : nullptr;
-    r += e != nullptr ? std::string_view(e) : std::string_view(&c, 1);
-  }
-  return r;
-}
-
-// An element's text with its entities (named, &#N; and &#xN;) replaced, as UTF-8.
-std::string xml_decode(std::string_view s) {
-  static const std::pair<std::string_view, char> kNamed[] = {
-      {"amp", '&'}, {"lt", '<'}, {"gt", '>'}, {"quot", '"'}, {"apos", '\''}};
-  std::string r;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const size_t semi = s[i] == '&' ? s.find(';', i) : std::string_view::npos;
-    const std::string_view ent =
-        semi == std::string_view::npos ? std::string_view() : s.substr(i + 1, semi - i - 1);
-    uint32_t cp = 0;
-    for (const auto& [name, c] : kNamed) {
-      if (ent == name) cp = static_cast<unsigned char>(c);
-    }
-    if (ent.size() > 1 && ent[0] == '#') {
-      const bool hx = ent[1] == 'x' || ent[1] == 'X';
-      const std::string_view num = ent.substr(hx ? 2 : 1);
-      const auto [end, ec] = std::from_chars(num.data(), num.data() + num.size(), cp, hx ? 16 : 10);
-      if (ec != std::errc{} || end != num.data() + num.size()) cp = 0;
-    }
-    if (cp == 0 || cp > 0x10FFFF) {
-      r += s[i];
-      continue;
-    }
-    if (cp < 0x80) {
-      r += static_cast<char>(cp);
-    } else {
-      const int extra = cp < 0x800 ? 1 : cp < 0x10000 ? 2 : 3;  // continuation bytes
-      r += static_cast<char>(((0xFF00 >> (extra + 1)) & 0xFF) | (cp >> (6 * extra)));
-      for (int k = extra - 1; k >= 0; --k) r += static_cast<char>(0x80 | ((cp >> (6 * k)) & 0x3F));
-    }
-    i = semi;
-  }
-  return r;
-}
-
-// The raw contents of each <tag ...>...</tag> (or "" for <tag/>) in `xml`, in order. S3's
-// responses are flat enough for this: the elements asked for never nest in themselves.
-std::vector<std::string_view> xml_elements(std::string_view xml, std::string_view tag) {
-  std::vector<std::string_view> found;
-  const std::string open = "<" + std::string(tag);
-  const std::string close = "</" + std::string(tag) + ">";
-  size_t pos = 0;
-  while ((pos = xml.find(open, pos)) != std::string_view::npos) {
-    const size_t after = pos + open.size();
-    if (after >= xml.size()) break;
-    const char c = xml[after];
-    if (c != '>' && c != '/' && !std::isspace(static_cast<unsigned char>(c))) {
-      pos = after;  // a longer name: <KeyMarker> is not <Key>
-      continue;
-    }
-    const size_t gt = xml.find('>', after);
-    if (gt == std::string_view::npos) break;
-    if (xml[gt - 1] == '/') {
-      found.emplace_back();
-      pos = gt + 1;
-      continue;
-    }
-    const size_t end = xml.find(close, gt + 1);
-    if (end == std::string_view::npos) break;
-    found.push_back(xml.substr(gt + 1, end - gt - 1));
-    pos = end + close.size();
-  }
-  return found;
-}
-
-// The decoded text of the first <tag> in `xml`, "" when there is none.
-std::string xml_text(std::string_view xml, std::string_view tag) {
-  const auto all = xml_elements(xml, tag);
-  return all.empty() ? std::string() : xml_decode(all.front());
-}
-
-// The root element's name of an XML document.
-std::string_view xml_root(std::string_view xml) {
-  size_t pos = 0;
-  while ((pos = xml.find('<', pos)) != std::string_view::npos) {
-    if (pos + 1 < xml.size() && xml[pos + 1] != '?' && xml[pos + 1] != '!') {
-      const size_t end = xml.find_first_of(" \t\r\n/>", pos + 1);
-      return xml.substr(pos + 1, end == std::string_view::npos ? end : end - pos - 1);
-    }
-    ++pos;
-  }
-  return {};
-}
-
 std::string s3_name(const std::string& bucket, const std::string& key) {
   return "s3://" + bucket + (key.empty() ? "" : "/" + key);
 }
 
-uint64_t parse_u64(std::string_view s, const Request& q) {
-  uint64_t v = 0;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc{} || end != s.data() + s.size()) {
-    throw_error(ErrorCode::kIo, "could not " + q.op + " " + s3_name(q.bucket, q.key) +
-                                    ": malformed number '" + std::string(s) + "' in the response");
+// `s` with every occurrence of the secret key and the session token replaced: a server may
+// echo what it was sent (the token travels in a header) into the messages we repeat.
+std::string redacted(const S3Config& config, std::string s) {
+  for (const std::string* secret : {&config.secret_key, &config.session_token}) {
+    if (secret->size() < 4) continue;
+    for (size_t at = 0; (at = s.find(*secret, at)) != std::string::npos;) {
+      s.replace(at, secret->size(), "<redacted>");
+    }
   }
-  return v;
+  return s;
 }
 
-std::string unquote(std::string s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
-  if (s.size() >= 2 && s.front() == '"' && s.back() == '"') s = s.substr(1, s.size() - 2);
-  return s;
+// Throws `code` with "could not <op> s3://bucket/key at <endpoint>: <why>".
+[[noreturn]] void fail(const S3Config& config, const Request& q, ErrorCode code,
+                       const std::string& why) {
+  throw_error(code, redacted(config, "could not " + q.op + " " + s3_name(q.bucket, q.key) + " at " +
+                                         config.endpoint + ": " + why));
+}
+
+// `parse()`'s result, its errors (a malformed answer) prefixed as fail() does.
+template <typename Parse>
+auto parsed(const S3Config& config, const Request& q, Parse parse) -> decltype(parse()) {
+  try {
+    return parse();
+  } catch (const Error& e) {
+    fail(config, q, e.code(), e.what());
+  }
+}
+
+// Whether the answer's status line has come and is final (not 100 Continue).
+long final_status(const Response& r) {
+  long status = 0;
+  curl_easy_getinfo(r.curl, CURLINFO_RESPONSE_CODE, &status);
+  return status >= 200 ? status : 0;
+}
+
+// The most bytes of the body of an answer with `status` that are kept.
+size_t body_cap(const Response& r, long status) {
+  if (status / 100 != 2) return kMaxErrorBytes;
+  return r.out != nullptr && status == 206 ? r.out_size : r.body_cap;
 }
 
 size_t on_header(char* p, size_t size, size_t n, void* user) noexcept {
   auto* r = static_cast<Response*>(user);
   const std::string_view line(p, size * n);
-  if (line.rfind("HTTP/", 0) == 0) {
-    r->etag.clear();  // a new response (after 100 Continue)
-  } else if (line.size() > 5 && strncasecmp(line.data(), "etag:", 5) == 0) {
-    try {
+  try {
+    if (line.rfind("HTTP/", 0) == 0) {  // a new response (after 100 Continue)
+      r->etag.clear();
+      r->content_length = -1;
+    } else if (line.size() > 5 && strncasecmp(line.data(), "etag:", 5) == 0) {
       std::string v(line.substr(5));
       v.erase(0, v.find_first_not_of(" \t"));
-      r->etag = unquote(std::move(v));
-    } catch (...) {
-      return 0;
+      r->etag = s3_xml::unquote_etag(std::move(v));
+    } else if (line.size() > 15 && strncasecmp(line.data(), "content-length:", 15) == 0) {
+      std::string_view v = line.substr(15);
+      while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+      uint64_t len = 0;
+      if (std::from_chars(v.data(), v.data() + v.size(), len).ec == std::errc{}) {
+        r->content_length = static_cast<int64_t>(std::min<uint64_t>(len, INT64_MAX));
+      }
+    } else if ((line == "\r\n" || line == "\n") && !r->no_body) {
+      // The end of a response's headers: a body announced larger than its cap is refused
+      // before any of it is read.
+      const long status = final_status(*r);
+      if (r->out != nullptr && status / 100 == 2 && status != 206) {
+        r->refused = "the server ignored the Range and sent the whole object";
+        return 0;
+      }
+      if (status != 0 && status / 100 == 2 && r->content_length >= 0 &&
+          static_cast<uint64_t>(r->content_length) > body_cap(*r, status)) {
+        r->refused = "the answer's Content-Length, " + std::to_string(r->content_length) +
+                     ", is more than the " + std::to_string(body_cap(*r, status)) +
+                     " bytes asked for";
+        return 0;
+      }
     }
+  } catch (...) {
+    return 0;
   }
   return size * n;
 }
 
 // The body goes to Response::out when the request gave one and the answer is 206 Partial
-// Content, else into Response::body (errors, XML, whole objects).
+// Content, else into Response::body (errors, XML, whole objects), each within its cap.
 size_t on_body(char* p, size_t size, size_t n, void* user) noexcept {
   auto* r = static_cast<Response*>(user);
   const size_t len = size * n;
-  if (r->out != nullptr) {
-    long status = 0;
-    curl_easy_getinfo(r->curl, CURLINFO_RESPONSE_CODE, &status);
-    if (status == 206) {
+  const long status = final_status(*r);
+  try {
+    if (r->out != nullptr && status == 206) {
       if (len > r->out_size - r->out_written) {
-        r->out_overflow = true;
+        r->refused = "the server sent more than the " + std::to_string(r->out_size) +
+                     " bytes of the range asked for";
         return 0;
       }
       std::memcpy(static_cast<char*>(r->out) + r->out_written, p, len);
       r->out_written += len;
       return len;
     }
-    if (status / 100 == 2) {  // the whole object: the server ignored the Range
-      r->out_overflow = true;
+    if (r->out != nullptr && status / 100 == 2) {
+      r->refused = "the server ignored the Range and sent the whole object";
       return 0;
     }
-  }
-  try {
+    const size_t cap = body_cap(*r, status);
+    if (len > cap - std::min(cap, r->body.size())) {
+      if (status / 100 != 2) {  // the status says enough: keep what fits, read no more
+        r->body.append(p, cap - r->body.size());
+        r->error_cut = true;
+        return 0;
+      }
+      r->refused =
+          "the server sent more than the " + std::to_string(cap) +
+          (r->body_cap == kMaxXmlBytes ? " bytes an answer may have" : " bytes the object has");
+      return 0;
+    }
     r->body.append(p, len);
   } catch (...) {
     return 0;
@@ -296,45 +285,65 @@ bool transient_transport(CURLcode c) {
 bool transient_status(const Response& r) {
   return r.status == 408 || r.status == 429 || r.status == 500 || r.status == 502 ||
          r.status == 503 || r.status == 504 || r.code == "SlowDown" ||
-         (r.status == 200 && !r.code.empty());  // an error inside a 200 (InternalError)
+         r.code == "ConditionalRequestConflict" ||  // a concurrent conditional write: try again
+         (r.status == 200 && !r.code.empty());      // an error inside a 200 (InternalError)
 }
 
-// Sleeps before try `attempt` + 1: 100 ms doubling per try, at most 5 s, with jitter.
-void backoff(int attempt) {
+// The pause before try `attempt` + 1: 100 ms doubling per try, at most 5 s, with jitter.
+std::chrono::milliseconds backoff(int attempt) {
   thread_local std::minstd_rand rng{std::random_device{}()};
   const double base = std::min(5000.0, 100.0 * static_cast<double>(1u << std::min(attempt, 16)));
   std::uniform_real_distribution<double> jitter(0.5, 1.0);
-  std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(base * jitter(rng)));
+  return std::chrono::milliseconds(static_cast<int64_t>(base * jitter(rng)));
 }
 
-[[noreturn]] void fail_status(const Request& q, const Response& r) {
-  std::string msg =
-      "could not " + q.op + " " + s3_name(q.bucket, q.key) + ": HTTP " + std::to_string(r.status);
-  if (!r.code.empty()) msg += " " + r.code;
-  if (!r.message.empty()) msg += ": " + r.message;
+// Why S3 refused the credentials with `code` (empty: a 403 without a body), or nullptr when the
+// code is not about credentials.
+const char* credentials_problem(const std::string& code) {
+  static const std::pair<const char*, const char*> kProblems[] = {
+      {"ExpiredToken",
+       "the session token (AWS_SESSION_TOKEN) has expired: renew the temporary "
+       "credentials"},
+      {"InvalidToken", "the session token (AWS_SESSION_TOKEN) is malformed or not valid"},
+      {"TokenRefreshRequired",
+       "the session token (AWS_SESSION_TOKEN) must be refreshed: renew the temporary credentials"},
+      {"InvalidAccessKeyId", "the access key (AWS_ACCESS_KEY_ID) is unknown"},
+      {"SignatureDoesNotMatch",
+       "the signature does not match (AWS_SECRET_ACCESS_KEY, or AWS_REGION)"},
+      {"InvalidSecurity", "the security token is not valid"},
+      {"AccessDenied", "access denied"},
+      {"", "access denied"}};
+  for (const auto& [c, problem] : kProblems) {
+    if (code == c) return problem;
+  }
+  return nullptr;
+}
+
+[[noreturn]] void fail_status(const S3Config& config, const Request& q, const Response& r) {
+  std::string why = "HTTP " + std::to_string(r.status);
+  if (!r.code.empty()) why += " " + r.code;
+  if (!r.message.empty()) why += ": " + r.message;
+  if (r.error_cut)
+    why += " (the error body was cut at " + std::to_string(kMaxErrorBytes) + " bytes)";
   if (r.status == 404 || r.code == "NoSuchKey" || r.code == "NoSuchBucket" ||
       r.code == "NoSuchUpload") {
-    throw_error(ErrorCode::kNotFound, msg);
+    fail(config, q, ErrorCode::kNotFound, why);
   }
-  static const char* const kCredentialCodes[] = {
-      "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",   "InvalidToken",
-      "ExpiredToken",       "TokenRefreshRequired",  "InvalidSecurity"};
-  const bool credentials =
-      r.status == 403 &&
-      (r.code.empty() || std::find(std::begin(kCredentialCodes), std::end(kCredentialCodes),
-                                   r.code) != std::end(kCredentialCodes));
-  if (credentials) {
-    msg +=
-        " (the S3 endpoint refused the credentials: check AWS_ACCESS_KEY_ID, "
-        "AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN and the bucket's permissions)";
+  // Expired or malformed session tokens come as 400, the others as 403; a HEAD has no body
+  // to carry S3's code.
+  const char* problem = r.status == 400 || r.status == 403 ? credentials_problem(r.code) : nullptr;
+  if (problem != nullptr && (r.status == 403 || !r.code.empty())) {
+    why += " (the S3 endpoint refused the credentials: " + std::string(problem) +
+           "; check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN and the bucket's "
+           "permissions)";
   }
-  if (r.code == "BucketAlreadyExists") throw_error(ErrorCode::kAlreadyExists, msg);
-  throw_error(ErrorCode::kIo, msg);
+  if (r.code == "BucketAlreadyExists") fail(config, q, ErrorCode::kAlreadyExists, why);
+  fail(config, q, ErrorCode::kIo, why);
 }
 
 // Throws unless the request succeeded (2xx).
-void check(const Request& q, const Response& r) {
-  if (r.status / 100 != 2 || !r.code.empty()) fail_status(q, r);
+void check(const S3Config& config, const Request& q, const Response& r) {
+  if (r.status / 100 != 2 || !r.code.empty()) fail_status(config, q, r);
 }
 
 std::once_flag curl_init_once;
@@ -359,6 +368,13 @@ S3Config S3Config::from_environment() {
   c.path_style = path_style.empty() ? custom : (path_style != "0" && path_style != "false");
   const std::string verify = env("TSNAP_S3_VERIFY_ETAG");
   c.verify_etag = verify != "0" && verify != "false";
+  env_limit("TSNAP_S3_CONNECT_TIMEOUT_MS", 1, &c.connect_timeout_ms);
+  env_limit("TSNAP_S3_TIMEOUT_MS", 1, &c.timeout_ms);
+  env_limit("TSNAP_S3_MIN_SPEED", 1, &c.min_speed);
+  long attempts = c.attempts;
+  env_limit("TSNAP_S3_ATTEMPTS", 1, &attempts);
+  c.attempts = static_cast<int>(std::min(attempts, 100L));
+  env_limit("TSNAP_S3_RETRY_MS", 0, &c.retry_ms);
   return c;
 }
 
@@ -439,7 +455,12 @@ S3Client::S3Client(S3Config config) : config_(std::move(config)), pool_(std::mak
     throw_error(ErrorCode::kInvalidArgument,
                 "S3 endpoint '" + config_.endpoint + "' is not http(s)://host[:port]");
   }
-  if (config_.attempts < 1) throw_error(ErrorCode::kInvalidArgument, "S3Config::attempts < 1");
+  if (config_.attempts < 1 || config_.connect_timeout_ms < 1 || config_.timeout_ms < 1 ||
+      config_.min_speed < 1 || config_.retry_ms < 0) {
+    throw_error(ErrorCode::kInvalidArgument,
+                "S3Config: attempts, connect_timeout_ms, timeout_ms and min_speed must be >= 1 "
+                "and retry_ms >= 0");
+  }
 }
 
 S3Client::~S3Client() = default;
@@ -486,7 +507,9 @@ Response S3Client::perform(const Request& q) {
     slist.p = next;
   }
   const std::string sigv4 = "aws:amz:" + config_.region + ":s3";
-  const long stall_s = std::max(1L, (config_.timeout_ms + 999) / 1000);
+  // A slow answer is given a minute between S3's keep-alive spaces, a byte a second being enough.
+  const long stall_s = std::max(q.slow_answer ? 60L : 1L, (config_.timeout_ms + 999) / 1000);
+  const long min_speed = q.slow_answer ? 1L : config_.min_speed;
 
   struct Lease {
     Pool& pool;
@@ -495,12 +518,36 @@ Response S3Client::perform(const Request& q) {
   } lease{*pool_, pool_->acquire()};
   CURL* h = lease.h;
 
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  // Whether try `attempt` failed in a way worth another try, and there is time for it; if so,
+  // waits before it.
+  const auto retry = [&](int attempt) {
+    if (attempt >= config_.attempts) return false;
+    const std::chrono::milliseconds pause = backoff(attempt);
+    if (config_.retry_ms > 0 &&
+        Clock::now() + pause - start >= std::chrono::milliseconds(config_.retry_ms)) {
+      return false;
+    }
+    std::this_thread::sleep_for(pause);
+    return true;
+  };
+  const auto tries = [&](int attempt) {
+    const double s = std::chrono::duration<double>(Clock::now() - start).count();
+    char took[32];
+    std::snprintf(took, sizeof took, "%.1f", s);
+    return " (" + std::to_string(attempt) + (attempt == 1 ? " attempt in " : " attempts in ") +
+           took + " s)";
+  };
+
   Response r;
   for (int attempt = 1;; ++attempt) {
     r = Response{};
     r.curl = h;
+    r.no_body = std::strcmp(q.method, "HEAD") == 0;
     r.out = q.out;
     r.out_size = q.out_size;
+    r.body_cap = q.body_cap;
     r.attempts = attempt;
     char errbuf[CURL_ERROR_SIZE] = "";
     curl_easy_reset(h);  // keeps the connection cache
@@ -510,8 +557,9 @@ Response S3Client::perform(const Request& q) {
     curl_easy_setopt(h, CURLOPT_USERAGENT, "tsnap");
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, config_.connect_timeout_ms);
-    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, min_speed);
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, stall_s);
+    if (q.slow_answer) curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, kSlowAnswerMs);
     curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, slist.p);
     curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
@@ -536,36 +584,29 @@ Response S3Client::perform(const Request& q) {
 
     const CURLcode rc = curl_easy_perform(h);
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r.status);
-    curl_off_t length = -1;
-    curl_easy_getinfo(h, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length);
-    r.content_length = length;
     r.curl = nullptr;
-    if (r.out_overflow) return r;  // the caller says what was wrong
-    if (rc != CURLE_OK) {
-      if (transient_transport(rc) && attempt < config_.attempts) {
-        backoff(attempt);
-        continue;
-      }
+    if (!r.refused.empty()) fail(config_, q, ErrorCode::kIo, r.refused + tries(attempt));
+    if (rc != CURLE_OK && !(rc == CURLE_WRITE_ERROR && r.error_cut)) {
+      if (transient_transport(rc) && retry(attempt)) continue;
       const std::string why = errbuf[0] ? errbuf : curl_easy_strerror(rc);
       const bool unreachable = rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_CONNECT ||
-                               rc == CURLE_OPERATION_TIMEDOUT || rc == CURLE_SSL_CONNECT_ERROR;
-      throw_error(ErrorCode::kIo, "could not " + q.op + " " + s3_name(q.bucket, q.key) + ": " +
-                                      (unreachable ? "could not reach the S3 endpoint "
-                                                   : "the connection to the S3 endpoint ") +
-                                      config_.endpoint + (unreachable ? ": " : " failed: ") + why +
-                                      " (" + std::to_string(attempt) +
-                                      (attempt == 1 ? " attempt)" : " attempts)"));
+                               rc == CURLE_SSL_CONNECT_ERROR;
+      const bool silent = rc == CURLE_OPERATION_TIMEDOUT && r.status == 0;
+      fail(config_, q, ErrorCode::kIo,
+           (unreachable ? "could not reach the S3 endpoint: "
+            : silent    ? "the S3 endpoint did not answer: "
+                        : "the connection to the S3 endpoint failed: ") +
+               why + tries(attempt));
     }
-    const bool xml_error = r.status / 100 != 2 || (q.error_in_200 && xml_root(r.body) == "Error");
+    const bool xml_error =
+        r.status / 100 != 2 || (q.error_in_200 && s3_xml::root(r.body) == "Error");
     if (xml_error) {
-      r.code = xml_text(r.body, "Code");
-      r.message = xml_text(r.body, "Message");
+      s3_xml::ErrorBody e = s3_xml::parse_error(r.body);
+      r.code = std::move(e.code);
+      r.message = std::move(e.message);
       if (r.status / 100 == 2 && r.code.empty()) r.code = "InternalError";
     }
-    if (transient_status(r) && attempt < config_.attempts) {
-      backoff(attempt);
-      continue;
-    }
+    if (transient_status(r) && retry(attempt)) continue;
     return r;
   }
 }
@@ -582,10 +623,9 @@ void check_etag(const S3Config& config, const Request& q, const Response& r) {
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   const std::string md5 = digest(EVP_md5(), q.body, q.body_size, false);
   if (etag != md5) {
-    throw_error(ErrorCode::kHashMismatch,
-                "could not " + q.op + " " + s3_name(q.bucket, q.key) + ": the ETag returned, '" +
-                    r.etag + "', is not the MD5 of the bytes sent (" + md5 +
-                    "; with SSE-KMS or SSE-C set TSNAP_S3_VERIFY_ETAG=0)");
+    fail(config, q, ErrorCode::kHashMismatch,
+         "the ETag returned, '" + r.etag + "', is not the MD5 of the bytes sent (" + md5 +
+             "; with SSE-KMS or SSE-C set TSNAP_S3_VERIFY_ETAG=0)");
   }
 }
 
@@ -599,13 +639,42 @@ Request data_request(const char* method, std::string op, const std::string& buck
   return q;
 }
 
+// A request whose body is the XML document `xml` (borrowed).
+Request xml_request(const char* method, std::string op, const std::string& bucket,
+                    const std::string& key, std::string query, const std::string& xml) {
+  Request q(method, std::move(op), bucket, key, std::move(query));
+  q.body = xml.data();
+  q.body_size = xml.size();
+  return q;
+}
+
+// The marker of the page after the one `q` asked for with `marker` ("" after the last page).
+// A server that gives the same marker again, or more than kMaxListEntries entries in all, is
+// refused: a listing ends, and memory stays bounded.
+std::string next_page(const S3Config& config, const Request& q, const std::string& marker,
+                      std::string next, size_t entries) {
+  if (!next.empty() && next == marker) {
+    fail(config, q, ErrorCode::kIo, "the server gave the same page marker twice");
+  }
+  if (entries > kMaxListEntries) {
+    fail(config, q, ErrorCode::kIo,
+         "more than " + std::to_string(kMaxListEntries) + " entries; refusing to list further");
+  }
+  return next;
+}
+
 }  // namespace
 
 void S3Client::put_object(const std::string& bucket, const std::string& key, const void* data,
-                          size_t n) {
-  const Request q = data_request("PUT", "PUT", bucket, key, data, n);
+                          size_t n, bool if_absent) {
+  Request q = data_request("PUT", "PUT", bucket, key, data, n);
+  if (if_absent) q.headers.push_back("if-none-match: *");
   const Response r = perform(q);
-  check(q, r);
+  if (if_absent && (r.status == 412 || r.code == "PreconditionFailed")) {
+    fail(config_, q, ErrorCode::kAlreadyExists,
+         "the object exists (HTTP 412 PreconditionFailed to If-None-Match: *)");
+  }
+  check(config_, q, r);
   check_etag(config_, q, r);
 }
 
@@ -613,13 +682,8 @@ std::string S3Client::create_multipart_upload(const std::string& bucket, const s
   Request q("POST", "start a multipart upload of", bucket, key, canonical_query({{"uploads", ""}}));
   q.content_type = "application/octet-stream";  // S3 keeps it as the object's
   const Response r = perform(q);
-  check(q, r);
-  std::string id = xml_text(r.body, "UploadId");
-  if (id.empty()) {
-    throw_error(ErrorCode::kIo,
-                "could not " + q.op + " " + s3_name(bucket, key) + ": no UploadId in the response");
-  }
-  return id;
+  check(config_, q, r);
+  return parsed(config_, q, [&] { return s3_xml::parse_upload_id(r.body); });
 }
 
 std::string S3Client::upload_part(const std::string& bucket, const std::string& key,
@@ -633,7 +697,7 @@ std::string S3Client::upload_part(const std::string& bucket, const std::string& 
                            data, n);
   q.query = canonical_query({{"partNumber", std::to_string(part_number)}, {"uploadId", upload_id}});
   const Response r = perform(q);
-  check(q, r);
+  check(config_, q, r);
   check_etag(config_, q, r);
   return r.etag;
 }
@@ -644,14 +708,13 @@ void S3Client::complete_multipart_upload(const std::string& bucket, const std::s
   std::string xml = "<CompleteMultipartUpload>";
   for (const S3Part& p : parts) {
     xml += "<Part><PartNumber>" + std::to_string(p.number) + "</PartNumber><ETag>\"" +
-           xml_escape(p.etag) + "\"</ETag></Part>";
+           s3_xml::escape(p.etag) + "\"</ETag></Part>";
   }
   xml += "</CompleteMultipartUpload>";
-  Request q("POST", "complete the multipart upload of", bucket, key,
-            canonical_query({{"uploadId", upload_id}}));
-  q.body = xml.data();
-  q.body_size = xml.size();
+  Request q = xml_request("POST", "complete the multipart upload of", bucket, key,
+                          canonical_query({{"uploadId", upload_id}}), xml);
   q.error_in_200 = true;
+  q.slow_answer = true;
   const Response r = perform(q);
   if (r.attempts > 1 && r.code == "NoSuchUpload") {
     // A retry after a lost answer: the first try may have completed the upload. The object
@@ -663,38 +726,31 @@ void S3Client::complete_multipart_upload(const std::string& bucket, const std::s
       return;
     }
   }
-  check(q, r);
+  check(config_, q, r);
 }
 
 void S3Client::abort_multipart_upload(const std::string& bucket, const std::string& key,
                                       const std::string& upload_id) {
   const Request q("DELETE", "abort the multipart upload of", bucket, key,
                   canonical_query({{"uploadId", upload_id}}));
-  check(q, perform(q));
+  check(config_, q, perform(q));
 }
 
 std::vector<S3Part> S3Client::list_parts(const std::string& bucket, const std::string& key,
                                          const std::string& upload_id, int page_size) {
   std::vector<S3Part> parts;
   std::string marker;
-  for (;;) {
+  do {
     std::map<std::string, std::string> params{{"max-parts", std::to_string(page_size)},
                                               {"uploadId", upload_id}};
     if (!marker.empty()) params["part-number-marker"] = marker;
     const Request q("GET", "list the parts of", bucket, key, canonical_query(params));
     const Response r = perform(q);
-    check(q, r);
-    for (std::string_view p : xml_elements(r.body, "Part")) {
-      S3Part part;
-      part.number = static_cast<int>(parse_u64(xml_text(p, "PartNumber"), q));
-      part.size = parse_u64(xml_text(p, "Size"), q);
-      part.etag = unquote(xml_text(p, "ETag"));
-      parts.push_back(std::move(part));
-    }
-    const std::string next = xml_text(r.body, "NextPartNumberMarker");
-    if (xml_text(r.body, "IsTruncated") != "true" || next.empty() || next == marker) break;
-    marker = next;
-  }
+    check(config_, q, r);
+    s3_xml::PartPage page = parsed(config_, q, [&] { return s3_xml::parse_part_page(r.body); });
+    parts.insert(parts.end(), page.parts.begin(), page.parts.end());
+    marker = next_page(config_, q, marker, std::move(page.next_marker), parts.size());
+  } while (!marker.empty());
   return parts;
 }
 
@@ -702,26 +758,23 @@ std::vector<S3Upload> S3Client::list_multipart_uploads(const std::string& bucket
                                                        const std::string& prefix, int page_size) {
   std::vector<S3Upload> uploads;
   std::string key_marker, id_marker;
-  for (;;) {
+  do {
     std::map<std::string, std::string> params{
         {"max-uploads", std::to_string(page_size)}, {"prefix", prefix}, {"uploads", ""}};
     if (!key_marker.empty()) params["key-marker"] = key_marker;
     if (!id_marker.empty()) params["upload-id-marker"] = id_marker;
     const Request q("GET", "list the multipart uploads of", bucket, "", canonical_query(params));
     const Response r = perform(q);
-    check(q, r);
-    for (std::string_view u : xml_elements(r.body, "Upload")) {
-      uploads.push_back({xml_text(u, "Key"), xml_text(u, "UploadId"), xml_text(u, "Initiated")});
-    }
-    const std::string next_key = xml_text(r.body, "NextKeyMarker");
-    const std::string next_id = xml_text(r.body, "NextUploadIdMarker");
-    if (xml_text(r.body, "IsTruncated") != "true" || next_key.empty() ||
-        (next_key == key_marker && next_id == id_marker)) {
-      break;
-    }
-    key_marker = next_key;
-    id_marker = next_id;
-  }
+    check(config_, q, r);
+    s3_xml::UploadPage page = parsed(config_, q, [&] { return s3_xml::parse_upload_page(r.body); });
+    uploads.insert(uploads.end(), page.uploads.begin(), page.uploads.end());
+    // Both markers together say where the next page starts.
+    const std::string next =
+        page.next_key.empty() ? "" : page.next_key + '\n' + page.next_upload_id;
+    next_page(config_, q, key_marker + '\n' + id_marker, next, uploads.size());
+    key_marker = std::move(page.next_key);
+    id_marker = std::move(page.next_upload_id);
+  } while (!key_marker.empty());
   return uploads;
 }
 
@@ -735,16 +788,12 @@ void S3Client::get_range(const std::string& bucket, const std::string& key, uint
   q.out = out;
   q.out_size = n;
   const Response r = perform(q);
-  if (r.out_overflow) {
-    throw_error(ErrorCode::kIo, "could not " + q.op + " " + s3_name(bucket, key) +
-                                    ": the server sent more than the range asked for");
-  }
   if (r.status == 416) {
     throw_error(ErrorCode::kTruncated, s3_name(bucket, key) + " ends before byte offset " +
                                            std::to_string(offset) + " (" + std::to_string(n) +
                                            " bytes asked for)");
   }
-  check(q, r);
+  check(config_, q, r);
   if (r.out_written != n) {
     throw_error(ErrorCode::kTruncated,
                 s3_name(bucket, key) + " is truncated: " + std::to_string(r.out_written) + " of " +
@@ -752,10 +801,21 @@ void S3Client::get_range(const std::string& bucket, const std::string& key, uint
   }
 }
 
-std::string S3Client::get_object(const std::string& bucket, const std::string& key) {
-  const Request q("GET", "GET", bucket, key);
+std::string S3Client::get_object(const std::string& bucket, const S3Object& head) {
+  Request q("GET", "GET", bucket, head.key);
+  q.body_cap = static_cast<size_t>(std::min<uint64_t>(head.size, SIZE_MAX));
+  if (!head.etag.empty()) q.headers.push_back("if-match: \"" + head.etag + "\"");
   Response r = perform(q);
-  check(q, r);
+  if (r.status == 412 || r.code == "PreconditionFailed") {
+    fail(config_, q, ErrorCode::kNotFound,
+         "the object changed since its HEAD (ETag " + head.etag + "; HTTP 412 to If-Match)");
+  }
+  check(config_, q, r);
+  if (r.body.size() != head.size) {
+    throw_error(ErrorCode::kTruncated, s3_name(bucket, head.key) +
+                                           " is truncated: " + std::to_string(r.body.size()) +
+                                           " of " + std::to_string(head.size) + " bytes");
+  }
   return std::move(r.body);
 }
 
@@ -763,11 +823,8 @@ std::optional<S3Object> S3Client::head_object(const std::string& bucket, const s
   const Request q("HEAD", "HEAD", bucket, key);
   const Response r = perform(q);
   if (r.status == 404) return std::nullopt;
-  check(q, r);
-  if (r.content_length < 0) {
-    throw_error(ErrorCode::kIo,
-                "could not HEAD " + s3_name(bucket, key) + ": no Content-Length in the response");
-  }
+  check(config_, q, r);
+  if (r.content_length < 0) fail(config_, q, ErrorCode::kIo, "no Content-Length in the answer");
   return S3Object{key, static_cast<uint64_t>(r.content_length), r.etag};
 }
 
@@ -775,53 +832,47 @@ S3Listing S3Client::list(const std::string& bucket, const std::string& prefix,
                          const std::string& delimiter, int page_size) {
   S3Listing listing;
   std::string token;
-  for (;;) {
+  do {
     std::map<std::string, std::string> params{
         {"list-type", "2"}, {"max-keys", std::to_string(page_size)}, {"prefix", prefix}};
     if (!delimiter.empty()) params["delimiter"] = delimiter;
     if (!token.empty()) params["continuation-token"] = token;
     const Request q("GET", "list", bucket, "", canonical_query(params));
     const Response r = perform(q);
-    check(q, r);
-    for (std::string_view c : xml_elements(r.body, "Contents")) {
-      listing.objects.push_back(
-          {xml_text(c, "Key"), parse_u64(xml_text(c, "Size"), q), unquote(xml_text(c, "ETag"))});
-    }
-    for (std::string_view c : xml_elements(r.body, "CommonPrefixes")) {
-      listing.prefixes.push_back(xml_text(c, "Prefix"));
-    }
-    const std::string next = xml_text(r.body, "NextContinuationToken");
-    if (xml_text(r.body, "IsTruncated") != "true" || next.empty() || next == token) break;
-    token = next;
-  }
+    check(config_, q, r);
+    s3_xml::ObjectPage page = parsed(config_, q, [&] { return s3_xml::parse_object_page(r.body); });
+    for (S3Object& o : page.objects) listing.objects.push_back(std::move(o));
+    for (std::string& p : page.prefixes) listing.prefixes.push_back(std::move(p));
+    token = next_page(config_, q, token, std::move(page.next_token),
+                      listing.objects.size() + listing.prefixes.size());
+  } while (!token.empty());
   return listing;
 }
 
 void S3Client::delete_object(const std::string& bucket, const std::string& key) {
   const Request q("DELETE", "DELETE", bucket, key);
-  check(q, perform(q));
+  check(config_, q, perform(q));
 }
 
 void S3Client::delete_objects(const std::string& bucket, const std::vector<std::string>& keys) {
   for (size_t begin = 0; begin < keys.size(); begin += 1000) {
     const size_t end = std::min(keys.size(), begin + 1000);
     std::string xml = "<Delete><Quiet>true</Quiet>";
-    for (size_t i = begin; i < end; ++i)
-      xml += "<Object><Key>" + xml_escape(keys[i]) + "</Key></Object>";
+    for (size_t i = begin; i < end; ++i) {
+      xml += "<Object><Key>" + s3_xml::escape(keys[i]) + "</Key></Object>";
+    }
     xml += "</Delete>";
-    Request q("POST", "delete " + std::to_string(end - begin) + " objects from", bucket, "",
-              canonical_query({{"delete", ""}}));
-    q.body = xml.data();
-    q.body_size = xml.size();
+    const Request q = xml_request("POST", "delete " + std::to_string(end - begin) + " objects from",
+                                  bucket, "", canonical_query({{"delete", ""}}), xml);
     const Response r = perform(q);
-    check(q, r);
-    const auto errors = xml_elements(r.body, "Error");
+    check(config_, q, r);
+    const std::vector<s3_xml::KeyError> errors =
+        parsed(config_, q, [&] { return s3_xml::parse_delete_errors(r.body); });
     if (!errors.empty()) {
-      throw_error(ErrorCode::kIo,
-                  "could not DELETE " + s3_name(bucket, xml_text(errors[0], "Key")) + ": " +
-                      xml_text(errors[0], "Code") + ": " + xml_text(errors[0], "Message") + " (" +
-                      std::to_string(errors.size()) + " of " + std::to_string(end - begin) +
-                      " keys failed)");
+      fail(config_, q, ErrorCode::kIo,
+           s3_name(bucket, errors[0].key) + ": " + errors[0].code + ": " + errors[0].message +
+               " (" + std::to_string(errors.size()) + " of " + std::to_string(end - begin) +
+               " keys failed)");
     }
   }
 }
@@ -829,15 +880,13 @@ void S3Client::delete_objects(const std::string& bucket, const std::vector<std::
 void S3Client::create_bucket(const std::string& bucket) {
   std::string xml;
   if (config_.region != "us-east-1") {
-    xml = "<CreateBucketConfiguration><LocationConstraint>" + xml_escape(config_.region) +
+    xml = "<CreateBucketConfiguration><LocationConstraint>" + s3_xml::escape(config_.region) +
           "</LocationConstraint></CreateBucketConfiguration>";
   }
-  Request q("PUT", "create the bucket", bucket);
-  q.body = xml.data();
-  q.body_size = xml.size();
+  const Request q = xml_request("PUT", "create the bucket", bucket, "", "", xml);
   const Response r = perform(q);
   if (r.code == "BucketAlreadyOwnedByYou") return;
-  check(q, r);
+  check(config_, q, r);
 }
 
 std::string md5_hex(const void* data, size_t n) { return digest(EVP_md5(), data, n, false); }

@@ -13,13 +13,20 @@
 ///    curl signs the query as given, and keys are percent-encoded the way S3 canonicalises them;
 ///  - transient failures (connection errors, timeouts, HTTP 408/429/500/502/503/504, SlowDown,
 ///    an error inside a 200 response) are retried with exponential backoff, `attempts` tries in
-///    all; other 4xx answers are not.
+///    all, none begun once `retry_ms` have passed since the first; other 4xx answers are not;
+///  - a hostile or broken endpoint is bounded: every attempt has a connect timeout and fails when
+///    it moves fewer than `min_speed` bytes per second for `timeout_ms` (a server that accepts
+///    and never answers, or answers a byte a second), and every answer has a cap on the bytes it
+///    is read into memory: a ranged GET or a GET of a known size at most those bytes (a larger
+///    Content-Length fails before any is read), an XML answer kMaxXmlBytes, an error body
+///    kMaxErrorBytes. With the defaults a dead endpoint fails in about 30 s.
 ///
-/// Errors are tsnap's (`throw_error`): a missing bucket, key or upload is `kNotFound`; refused
-/// credentials, an unreachable endpoint and any other failure `kIo`; an object shorter than a
-/// range asked for `kTruncated`; an ETag that is not the MD5 of the bytes sent `kHashMismatch`.
-/// Messages name the operation, `s3://bucket/key`, the HTTP status and S3's error code and
-/// message; they never contain credentials.
+/// Errors are tsnap's (`throw_error`): a missing bucket, key or upload is `kNotFound`; refused or
+/// expired credentials, an unreachable endpoint and any other failure `kIo`; an object shorter
+/// than a range asked for `kTruncated`; an ETag that is not the MD5 of the bytes sent
+/// `kHashMismatch`; a conditional PUT of a key that exists `kAlreadyExists`. Messages read
+/// "could not <operation> s3://bucket/key at <endpoint>: ..." with the HTTP status and S3's
+/// error code and message; they never contain the secret key, the session token or a signature.
 
 #include <cstddef>
 #include <cstdint>
@@ -29,12 +36,17 @@
 #include <string_view>
 #include <vector>
 
+#include "io/s3_xml.h"
+
 namespace tsnap::io {
 
 namespace s3_detail {
 struct Request;
 struct Response;
 }  // namespace s3_detail
+
+/// The most bytes of an error answer's body that are read (S3's are well under 1 KiB).
+inline constexpr size_t kMaxErrorBytes = 64u << 10;
 
 /// Where and as whom to reach S3. Plain data; copy freely.
 struct S3Config {
@@ -44,18 +56,23 @@ struct S3Config {
   std::string secret_key;     ///< Never logged nor put in an error message.
   std::string session_token;  ///< Temporary credentials' token (`x-amz-security-token`).
   bool path_style = true;     ///< endpoint/bucket/key; false: bucket.endpoint-host/key.
-  long connect_timeout_ms = 10'000;  ///< Limit on establishing a connection.
-  long timeout_ms = 60'000;  ///< A request that moves no byte for this long fails (a stall).
-  int attempts = 5;          ///< Tries per request, transient failures included (>= 1).
-  bool verify_etag = true;   ///< Check ETag == MD5 on PUT and UploadPart (off for SSE-KMS).
+  long connect_timeout_ms = 5'000;  ///< Limit on establishing a connection (TCP and TLS).
+  long timeout_ms = 10'000;         ///< An attempt slower than `min_speed` for this long fails.
+  long min_speed = 1024;    ///< Bytes per second, either way, below which an attempt stalls.
+  int attempts = 5;         ///< Tries per request, transient failures included (>= 1).
+  long retry_ms = 30'000;   ///< No retry begins this long after the first began (0: no limit).
+  bool verify_etag = true;  ///< Check ETag == MD5 on PUT and UploadPart (off for SSE-KMS).
 
   /// The configuration of the environment: endpoint from AWS_ENDPOINT_URL_S3, else
   /// AWS_ENDPOINT_URL, else https://s3.<region>.amazonaws.com; region from AWS_REGION, else
   /// AWS_DEFAULT_REGION, else us-east-1; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
   /// AWS_SESSION_TOKEN; path-style addressing from TSNAP_S3_PATH_STYLE (1/0), by default on for
-  /// a custom endpoint and off for AWS's; TSNAP_S3_VERIFY_ETAG=0 turns the ETag check off.
-  /// Errors: none (missing credentials mean anonymous requests). Thread-safety: reads the
-  /// environment (do not setenv concurrently).
+  /// a custom endpoint and off for AWS's; TSNAP_S3_VERIFY_ETAG=0 turns the ETag check off; the
+  /// limits from TSNAP_S3_CONNECT_TIMEOUT_MS, TSNAP_S3_TIMEOUT_MS, TSNAP_S3_MIN_SPEED,
+  /// TSNAP_S3_ATTEMPTS and TSNAP_S3_RETRY_MS (the defaults above when unset).
+  /// Errors: InvalidArgument naming a limit variable that is not a number in range (missing
+  /// credentials mean anonymous requests). Thread-safety: reads the environment (do not setenv
+  /// concurrently).
   static S3Config from_environment();
 };
 
@@ -74,27 +91,6 @@ struct S3Url {
   std::string key(std::string_view rel) const;
   /// "s3://bucket/prefix" (or "s3://bucket").
   std::string str() const;
-};
-
-/// One part of a multipart upload.
-struct S3Part {
-  int number = 0;     ///< 1..10000.
-  uint64_t size = 0;  ///< Bytes (from ListParts; unused by complete_multipart_upload).
-  std::string etag;   ///< Without quotes.
-};
-
-/// A multipart upload in progress (ListMultipartUploads).
-struct S3Upload {
-  std::string key;
-  std::string upload_id;
-  std::string initiated;  ///< ISO 8601 time, as S3 gives it.
-};
-
-/// An object (ListObjectsV2, HeadObject).
-struct S3Object {
-  std::string key;
-  uint64_t size = 0;
-  std::string etag;  ///< Without quotes; "<md5>-<parts>" for a multipart object.
 };
 
 /// What list() found.
@@ -124,7 +120,10 @@ class S3Client {
   const S3Config& config() const { return config_; }
 
   /// Stores `n` bytes at `data` as object `key` (PutObject, at most 5 GiB), with Content-MD5.
-  void put_object(const std::string& bucket, const std::string& key, const void* data, size_t n);
+  /// With `if_absent` the PUT is conditional (`If-None-Match: *`): it stores nothing when the
+  /// key exists, and throws Error(kAlreadyExists) (S3's 412 PreconditionFailed).
+  void put_object(const std::string& bucket, const std::string& key, const void* data, size_t n,
+                  bool if_absent = false);
 
   /// Starts a multipart upload of `key`; returns its upload id.
   std::string create_multipart_upload(const std::string& bucket, const std::string& key);
@@ -152,8 +151,12 @@ class S3Client {
   /// ends before offset + n. `out` may be partly written on error.
   void get_range(const std::string& bucket, const std::string& key, uint64_t offset, void* out,
                  size_t n);
-  /// The whole object (for small objects: manifests, markers). Errors: kNotFound.
-  std::string get_object(const std::string& bucket, const std::string& key);
+  /// The whole of the object `head` describes (head_object's answer; for small objects:
+  /// manifests, markers): at most `head.size` bytes are accepted, and only while the object's
+  /// ETag is still `head.etag` (If-Match). Errors: kNotFound when it is gone or has changed
+  /// since the HEAD (then HEAD it again); kIo when the server sends more than `head.size`
+  /// bytes; FormatError(kTruncated) when fewer.
+  std::string get_object(const std::string& bucket, const S3Object& head);
   /// The object's size and ETag, or nullopt when there is no such key.
   std::optional<S3Object> head_object(const std::string& bucket, const std::string& key);
 

@@ -280,11 +280,15 @@ void Drain::pass() {
       failed.id = l.manifest->id;
       failed.error = detail::message_of(error);
       failed.seconds = std::chrono::duration<double>(Clock::now() - started).count();
-      bool bad_local_bytes = false;
+      // Not retried: local bytes that are bad, or a save another writer published first
+      // under the same name (retrying would replace theirs).
+      bool final = false;
       try {
         std::rethrow_exception(error);
       } catch (const FormatError&) {
-        bad_local_bytes = true;
+        final = true;
+      } catch (const Error& e) {
+        final = e.code() == ErrorCode::kAlreadyExists;
       } catch (...) {
       }
       {
@@ -293,10 +297,10 @@ void Drain::pass() {
         stats_.last_error = failed.error;
         unreported_[l.name] = error;
         failure_order_[l.name] = ++failures_;
-        if (bad_local_bytes) failed_.emplace(l.name, l.manifest->id);
+        if (final) failed_.emplace(l.name, l.manifest->id);
       }
       notify(failed);
-      if (!bad_local_bytes) return;  // the durable side failed: the next pass retries
+      if (!final) return;  // the durable side failed: the next pass retries
       continue;
     }
     keep_last(*record);
@@ -502,8 +506,24 @@ std::optional<DrainRecord> Drain::drain_one_s3(const format::SnapshotDir& dir,
     files.push_back(f.name);
   }
   // 4. The manifest last: from now on the snapshot is listed; then the older save's leftovers.
+  // Published only where no manifest is (If-None-Match), so that of two writers that drain the
+  // same name at once the second learns of the first instead of replacing it.
   pace(text.size());
-  store.client().put_object(at.bucket, store.key(name, kManifestName), text.data(), text.size());
+  try {
+    store.client().put_object(at.bucket, store.key(name, kManifestName), text.data(), text.size(),
+                              /*if_absent=*/true);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kAlreadyExists) throw;
+    // A retry of this PUT whose first answer was lost finds its own manifest.
+    if (store.manifest_text(name) != std::optional<std::string>(text)) {
+      throw_error(ErrorCode::kAlreadyExists,
+                  "drain: another writer published snapshot " + store.url(name) +
+                      " while this one uploaded save " + m.id +
+                      " of that name; this save is not in the store (the two wrote the same "
+                      "objects: check the published one with `tsnap verify " +
+                      store.url(name) + "`)");
+    }
+  }
   record.bytes += text.size();
   {
     std::lock_guard<std::mutex> lock(mu_);

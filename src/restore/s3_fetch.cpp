@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 
 #include "common/remove_tree.h"
@@ -27,28 +28,6 @@ struct ChunkTask {
   uint64_t chunk;
 };
 
-// Runs `work(task, buffer)` for every task on kFetchThreads threads, each with its own buffer
-// of `buffer_bytes`.
-template <typename Work>
-void for_each_chunk(const std::vector<ChunkTask>& tasks, uint64_t buffer_bytes, Work work) {
-  std::vector<std::vector<uint8_t>> buffers(kFetchThreads);
-  detail::run_parallel(tasks.size(), kFetchThreads, [&](size_t i, int worker) {
-    std::vector<uint8_t>& buffer = buffers[worker];
-    if (buffer.size() < buffer_bytes) buffer.resize(buffer_bytes);
-    work(tasks[i], buffer.data());
-  });
-}
-
-std::vector<ChunkTask> chunk_tasks(const Manifest& m, uint64_t* largest) {
-  std::vector<ChunkTask> tasks;
-  *largest = 0;
-  for (size_t f = 0; f < m.files.size(); ++f) {
-    *largest = std::max(*largest, std::min(m.files[f].chunk_bytes, m.files[f].size));
-    for (uint64_t c = 0; c < m.files[f].chunk_hashes.size(); ++c) tasks.push_back({f, c});
-  }
-  return tasks;
-}
-
 uint64_t chunk_length(const FileRecord& f, uint64_t chunk) {
   return std::min(f.chunk_bytes, f.size - chunk * f.chunk_bytes);
 }
@@ -57,6 +36,19 @@ std::string chunk_label(const std::string& object, const FileRecord& f, uint64_t
   const uint64_t begin = chunk * f.chunk_bytes;
   return "chunk " + std::to_string(chunk) + " of " + object + " (bytes [" + std::to_string(begin) +
          ", " + std::to_string(begin + chunk_length(f, chunk)) + "))";
+}
+
+// Runs `work(task, buffer)` for every task on kFetchThreads threads; each thread's buffer
+// grows to the largest chunk it is given (chunks the objects were checked to hold).
+template <typename Work>
+void for_each_chunk(const Manifest& m, const std::vector<ChunkTask>& tasks, Work work) {
+  std::vector<std::vector<uint8_t>> buffers(kFetchThreads);
+  detail::run_parallel(tasks.size(), kFetchThreads, [&](size_t i, int worker) {
+    std::vector<uint8_t>& buffer = buffers[worker];
+    const uint64_t len = chunk_length(m.files[tasks[i].file], tasks[i].chunk);
+    if (buffer.size() < len) buffer.resize(len);
+    work(tasks[i], buffer.data());
+  });
 }
 
 void check(int rc, const std::string& what) {
@@ -71,9 +63,21 @@ namespace {
 // each by ranged GETs of its chunks, each chunk checked before it is written, then fsynced.
 void fetch_files(const format::S3Root& root, const std::string& name, const Manifest& m,
                  const fs::path& dir, const std::vector<size_t>& which) {
+  // Every object is there and of the manifest's size before anything is allocated for it.
+  const std::map<std::string, uint64_t> sizes = root.object_sizes(name);
+  for (size_t i : which) {
+    const FileRecord& f = m.files[i];
+    const std::string object = root.url(name) + "/" + f.name;
+    const auto it = sizes.find(f.name);
+    if (it == sizes.end()) throw_error(ErrorCode::kNotFound, object + " does not exist");
+    if (it->second != f.size) {
+      throw_error(it->second < f.size ? ErrorCode::kTruncated : ErrorCode::kBadManifest,
+                  object + " is " + std::to_string(it->second) + " bytes, the manifest says " +
+                      std::to_string(f.size));
+    }
+  }
   std::vector<io::UniqueFd> fds(m.files.size());
   std::vector<ChunkTask> tasks;
-  uint64_t largest = 0;
   for (size_t i : which) {
     const FileRecord& f = m.files[i];
     int err = 0;
@@ -81,12 +85,11 @@ void fetch_files(const format::S3Root& root, const std::string& name, const Mani
     fds[i] = io::open_fd(path, O_WRONLY | O_CREAT | O_EXCL, 0644, &err);
     check(err, "create " + path);
     check(::ftruncate(fds[i].get(), static_cast<off_t>(f.size)) == 0 ? 0 : -errno, "size " + path);
-    largest = std::max(largest, std::min(f.chunk_bytes, f.size));
     for (uint64_t c = 0; c < f.chunk_hashes.size(); ++c) tasks.push_back({i, c});
   }
   io::S3Client& client = root.client();
   const std::string bucket = root.location().bucket;
-  for_each_chunk(tasks, largest, [&](const ChunkTask& t, uint8_t* buffer) {
+  for_each_chunk(m, tasks, [&](const ChunkTask& t, uint8_t* buffer) {
     const FileRecord& f = m.files[t.file];
     const uint64_t offset = t.chunk * f.chunk_bytes;
     const uint64_t len = chunk_length(f, t.chunk);
@@ -182,12 +185,28 @@ std::vector<BadChunk> verify_s3(const std::string& url) {
   const format::S3Root& root = at.first;
   const std::string& name = at.second;
   const Manifest m = root.read_manifest(name);
-  uint64_t largest = 0;
-  const std::vector<ChunkTask> tasks = chunk_tasks(m, &largest);
-  std::mutex mu;
+  // A chunk past the end of its object (or of a missing one) is reported without a GET, so
+  // nothing is allocated for what a manifest claims beyond the objects.
+  const std::map<std::string, uint64_t> sizes = root.object_sizes(name);
   std::vector<BadChunk> bad;
+  std::vector<ChunkTask> tasks;
+  for (size_t i = 0; i < m.files.size(); ++i) {
+    const FileRecord& f = m.files[i];
+    const auto it = sizes.find(f.name);
+    for (uint64_t c = 0; c < f.chunk_hashes.size(); ++c) {
+      const uint64_t offset = c * f.chunk_bytes;
+      if (it == sizes.end()) {
+        bad.push_back({f.name, c, offset, "missing object"});
+      } else if (offset + chunk_length(f, c) > it->second) {
+        bad.push_back({f.name, c, offset, "truncated"});
+      } else {
+        tasks.push_back({i, c});
+      }
+    }
+  }
+  std::mutex mu;
   io::S3Client& client = root.client();
-  for_each_chunk(tasks, largest, [&](const ChunkTask& t, uint8_t* buffer) {
+  for_each_chunk(m, tasks, [&](const ChunkTask& t, uint8_t* buffer) {
     const FileRecord& f = m.files[t.file];
     const uint64_t offset = t.chunk * f.chunk_bytes;
     const uint64_t len = chunk_length(f, t.chunk);

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -74,6 +75,13 @@ class S3ClientTest : public ::testing::Test {
     client_->create_bucket(bucket_);
   }
 
+  // The whole object `key` (a HEAD, then a GET of what it found).
+  std::string get(const std::string& key) {
+    const std::optional<S3Object> head = client_->head_object(bucket_, key);
+    if (!head) ADD_FAILURE() << key << " does not exist";
+    return head ? client_->get_object(bucket_, *head) : "";
+  }
+
   std::unique_ptr<S3Client> client_;
   std::string bucket_;
 };
@@ -81,7 +89,7 @@ class S3ClientTest : public ::testing::Test {
 TEST_F(S3ClientTest, PutGetHeadAndRanges) {
   const std::string data = random_bytes(kMiB + 13, 1);
   client_->put_object(bucket_, "dir/obj.bin", data.data(), data.size());
-  EXPECT_EQ(client_->get_object(bucket_, "dir/obj.bin"), data);
+  EXPECT_EQ(get("dir/obj.bin"), data);
 
   const auto head = client_->head_object(bucket_, "dir/obj.bin");
   ASSERT_TRUE(head.has_value());
@@ -110,10 +118,10 @@ TEST_F(S3ClientTest, PutGetHeadAndRanges) {
 
   // An empty object, and one overwritten.
   client_->put_object(bucket_, "empty", nullptr, 0);
-  EXPECT_EQ(client_->get_object(bucket_, "empty"), "");
+  EXPECT_EQ(get("empty"), "");
   EXPECT_EQ(client_->head_object(bucket_, "empty")->size, 0u);
   client_->put_object(bucket_, "dir/obj.bin", "short", 5);
-  EXPECT_EQ(client_->get_object(bucket_, "dir/obj.bin"), "short");
+  EXPECT_EQ(get("dir/obj.bin"), "short");
 }
 
 TEST_F(S3ClientTest, KeysThatNeedEncoding) {
@@ -121,7 +129,7 @@ TEST_F(S3ClientTest, KeysThatNeedEncoding) {
   const std::vector<std::string> keys = {"a b/c+d=e&f", "ünï/cödé", "x/./y", "q?r#s%t",
                                          "tilde~*'()"};
   for (const std::string& key : keys) client_->put_object(bucket_, key, key.data(), key.size());
-  for (const std::string& key : keys) EXPECT_EQ(client_->get_object(bucket_, key), key) << key;
+  for (const std::string& key : keys) EXPECT_EQ(get(key), key) << key;
   const S3Listing all = client_->list(bucket_, "");
   ASSERT_EQ(all.objects.size(), keys.size());
   const S3Listing spaced = client_->list(bucket_, "a b/", "/");
@@ -130,7 +138,7 @@ TEST_F(S3ClientTest, KeysThatNeedEncoding) {
 }
 
 TEST_F(S3ClientTest, MissingKeyIsNotFound) {
-  Caught e = error_of([&] { client_->get_object(bucket_, "no/such/key"); });
+  Caught e = error_of([&] { client_->get_object(bucket_, S3Object{"no/such/key", 1, ""}); });
   EXPECT_EQ(e.code, ErrorCode::kNotFound);
   EXPECT_TRUE(e.io);
   EXPECT_NE(e.what.find("s3://" + bucket_ + "/no/such/key"), std::string::npos) << e.what;
@@ -140,7 +148,7 @@ TEST_F(S3ClientTest, MissingKeyIsNotFound) {
   e = error_of([&] { client_->get_range(bucket_, "no/such/key", 0, &byte, 1); });
   EXPECT_EQ(e.code, ErrorCode::kNotFound) << e.what;
   EXPECT_FALSE(client_->head_object(bucket_, "no/such/key").has_value());
-  e = error_of([&] { client_->get_object("tsnap-no-such-bucket", "k"); });
+  e = error_of([&] { client_->get_object("tsnap-no-such-bucket", S3Object{"k", 1, ""}); });
   EXPECT_EQ(e.code, ErrorCode::kNotFound) << e.what;
   client_->delete_object(bucket_, "no/such/key");  // deleting nothing is no error
 }
@@ -218,7 +226,7 @@ TEST_F(S3ClientTest, ResumeAndAbortUploads) {
   parts.push_back(
       {3, 100, client_->upload_part(bucket_, key, id, 3, data.data() + 10 * kMiB, 100)});
   client_->complete_multipart_upload(bucket_, key, id, parts);
-  EXPECT_EQ(client_->get_object(bucket_, key), data);
+  EXPECT_EQ(get(key), data);
 
   // Aborting frees the upload; a second abort, or listing its parts, finds no upload. (A part
   // for it is 404 NoSuchUpload on S3, but HTTP 500 on moto.)
@@ -266,7 +274,7 @@ TEST_F(S3ClientTest, DeleteObjectsInBatches) {
   EXPECT_EQ(client_->list(bucket_, "gc/").objects.size(), 1003u);
   client_->delete_objects(bucket_, keys);
   EXPECT_TRUE(client_->list(bucket_, "gc/").objects.empty());
-  EXPECT_EQ(client_->get_object(bucket_, "keep"), "y");
+  EXPECT_EQ(get("keep"), "y");
   client_->delete_objects(bucket_, {"keep", "never-was"});
   EXPECT_TRUE(client_->list(bucket_, "").objects.empty());
   client_->delete_objects(bucket_, {});
@@ -281,12 +289,33 @@ TEST_F(S3ClientTest, ConcurrentCallsOnOneClient) {
         const std::string key = "t" + std::to_string(t) + "/" + std::to_string(i);
         const std::string data = random_bytes(1000 + 100 * t + i, t * 100 + i);
         client_->put_object(bucket_, key, data.data(), data.size());
-        ok[t] += client_->get_object(bucket_, key) == data;
+        ok[t] += get(key) == data;
       }
     });
   }
   for (auto& th : threads) th.join();
   for (int t = 0; t < 8; ++t) EXPECT_EQ(ok[t], 10) << t;
+}
+
+// The conditional requests moto honours as S3 does: a PUT with If-None-Match: * stores nothing
+// over an existing key, and a GET with the ETag of an earlier HEAD fails once the object
+// changed.
+TEST_F(S3ClientTest, ConditionalPutAndGet) {
+  client_->put_object(bucket_, "once", "first", 5, /*if_absent=*/true);
+  Caught e = error_of([&] { client_->put_object(bucket_, "once", "second", 6, true); });
+  EXPECT_EQ(e.code, ErrorCode::kAlreadyExists) << e.what;
+  EXPECT_NE(e.what.find("PUT s3://" + bucket_ + "/once at " + client_->config().endpoint),
+            std::string::npos)
+      << e.what;
+  EXPECT_EQ(get("once"), "first");
+
+  const std::optional<S3Object> head = client_->head_object(bucket_, "once");
+  ASSERT_TRUE(head.has_value());
+  client_->put_object(bucket_, "once", "replaced", 8);
+  e = error_of([&] { client_->get_object(bucket_, *head); });
+  EXPECT_EQ(e.code, ErrorCode::kNotFound) << e.what;
+  EXPECT_NE(e.what.find("changed since its HEAD"), std::string::npos) << e.what;
+  EXPECT_EQ(get("once"), "replaced");
 }
 
 TEST_F(S3ClientTest, CreateBucketTwiceIsFine) { client_->create_bucket(bucket_); }
@@ -301,7 +330,9 @@ TEST_F(S3ClientTest, WrongCredentialsAreRefused) {
                                      std::pair{wrong_key, "InvalidAccessKeyId"}}) {
     S3Client client(config);
     for (const auto& call :
-         std::vector<std::function<void()>>{[&] { client.get_object(bucket_, "k"); },
+         std::vector<std::function<void()>>{[&] {
+                                              client.get_object(bucket_, S3Object{"k", 1, ""});
+                                            },
                                             [&] { client.put_object(bucket_, "k2", "v", 1); },
                                             [&] { client.list(bucket_, ""); }}) {
       const Caught e = error_of(call);
@@ -341,12 +372,13 @@ TEST(S3ClientUnreachable, ClosedPortFailsFastNamingTheEndpoint) {
   config.connect_timeout_ms = 2000;
   S3Client client(config);
   const auto start = std::chrono::steady_clock::now();
-  const Caught e = error_of([&] { client.get_object("bucket", "key"); });
+  const Caught e = error_of([&] { client.get_object("bucket", S3Object{"key", 1, ""}); });
   const auto took = std::chrono::steady_clock::now() - start;
   EXPECT_LT(took, std::chrono::seconds(10));
   EXPECT_EQ(e.code, ErrorCode::kIo);
   const std::string& what = e.what;
-  EXPECT_NE(what.find("could not reach the S3 endpoint " + config.endpoint), std::string::npos)
+  EXPECT_NE(what.find(" at " + config.endpoint + ": could not reach the S3 endpoint"),
+            std::string::npos)
       << what;
   EXPECT_NE(what.find("s3://bucket/key"), std::string::npos) << what;
   EXPECT_NE(what.find("3 attempts"), std::string::npos) << what;

@@ -17,6 +17,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <set>
 #include <string>
@@ -31,9 +33,11 @@
 #include "tsnap/checkpoint.h"
 #include "tsnap/error.h"
 #include "tsnap/load.h"
+#include "tsnap/manifest.h"
 #include "tsnap/periodic_snapshots.h"
 #include "tsnap/reader.h"
 #include "tsnap/remove.h"
+#include "tsnap/save.h"
 #include "tsnap/snapshotter.h"
 
 namespace tsnap {
@@ -86,6 +90,11 @@ StateDict state_of(uint64_t seed) {
   sd.insert("mid", make_tensor(at::kFloat, {1 << 20}, seed + 1));
   sd.insert("step", at::scalar_tensor(static_cast<int64_t>(seed), at::kLong));
   return sd;
+}
+
+std::string slurp(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 Checkpoint checkpoint_at(const StateDict& sd, int64_t step) {
@@ -152,7 +161,7 @@ TEST_F(S3Tier, ACorruptedObjectIsFoundAtRestoreNamingItsChunk) {
   const FileRecord& f = m.files.front();
   io::S3Client client(config_);
   const std::string key = "corrupt/s/" + f.name;
-  std::string bytes = client.get_object(bucket_, key);
+  std::string bytes = client.get_object(bucket_, *client.head_object(bucket_, key));
   bytes[f.size - 1] ^= 0x40;  // the last chunk
   client.put_object(bucket_, key, bytes.data(), bytes.size());
   try {
@@ -177,6 +186,71 @@ TEST_F(S3Tier, ACorruptedObjectIsFoundAtRestoreNamingItsChunk) {
   // A missing object is reported too.
   client.delete_object(bucket_, key);
   EXPECT_FALSE(verify(durable + "/s").empty());
+}
+
+// A manifest that claims a shard of 3 GiB in 1 GiB chunks for an object of a few KiB: verify
+// and load say the object is truncated, naming it, before allocating for the claim.
+TEST_F(S3Tier, AManifestClaimingMoreThanItsObjectsHoldFailsBeforeAllocating) {
+  TempDir local;
+  save(local / "s", state_of(5));
+  nlohmann::json m = nlohmann::json::parse(slurp(local / "s" / kManifestName));
+  const std::string file = m["tensors"]["mid"]["file"];
+  nlohmann::json& f = m["files"][file];
+  const uint64_t claimed = 3ull << 30;
+  f["size"] = claimed;
+  f["chunk_bytes"] = 1ull << 30;
+  f["chunk_hashes"] = {"0000000000000000", "0000000000000000", "0000000000000000"};
+  io::S3Client client(config_);
+  for (const fs::directory_entry& e : fs::directory_iterator(local / "s")) {
+    const std::string bytes = e.path().filename() == kManifestName
+                                  ? test_support::signed_manifest_text(m)
+                                  : slurp(e.path());
+    client.put_object(bucket_, "claims/s/" + e.path().filename().string(), bytes.data(),
+                      bytes.size());
+  }
+  const std::string object = url("claims") + "/s/" + file;
+  const std::vector<BadChunk> bad = verify(url("claims") + "/s");
+  ASSERT_EQ(bad.size(), 3u);
+  for (const BadChunk& b : bad) EXPECT_EQ(b.problem, "truncated") << b.file << " " << b.chunk;
+  try {
+    (void)load(url("claims") + "/s");
+    ADD_FAILURE() << "loaded";
+  } catch (const FormatError& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kTruncated) << e.what();
+    EXPECT_NE(std::string(e.what()).find(object + " is "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("the manifest says " + std::to_string(claimed)),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// Two Snapshotters drain the same snapshot name into one prefix at once: the manifest is
+// published with If-None-Match, so one of them publishes and the other's drain_wait() says
+// that another writer published the snapshot, instead of both succeeding.
+TEST_F(S3Tier, TwoWritersOfOneNameTheSecondIsTold) {
+  TempDir local_a, local_b;
+  const std::string durable = url("race");
+  SnapshotterOptions oa = options(local_a.path(), durable);
+  SnapshotterOptions ob = options(local_b.path(), durable);
+  oa.tier.bytes_per_second = ob.tier.bytes_per_second = 8 << 20;  // each drain takes ~2.5 s
+  Snapshotter a(oa), b(ob);
+  a.save_async("s", state_of(7)).wait();
+  b.save_async("s", state_of(8)).wait();
+  int ok = 0;
+  std::string told;
+  for (Snapshotter* snap : {&a, &b}) {
+    try {
+      snap->drain_wait();
+      ++ok;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kAlreadyExists) << e.what();
+      told = e.what();
+    }
+  }
+  EXPECT_EQ(ok, 1);
+  EXPECT_NE(told.find("another writer published snapshot " + durable + "/s"), std::string::npos)
+      << told;
+  EXPECT_EQ(list(durable).size(), 1u);
 }
 
 TEST_F(S3Tier, RefusedCredentialsFailTheDrainNotTheTrainingAndLoseNothing) {
