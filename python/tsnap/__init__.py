@@ -16,14 +16,18 @@ blocking call releases the GIL; a background error is raised by ``SaveHandle.wai
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from . import _build_info
 
 if torch.__version__ != _build_info.TORCH_VERSION:
     raise ImportError(
-        f"tsnap was built against torch {_build_info.TORCH_VERSION} but torch "
-        f"{torch.__version__} is installed: reinstall tsnap (pip install --no-build-isolation .)")
+        f"tsnap {_build_info.TSNAP_VERSION} was built for torch {_build_info.TORCH_VERSION} but "
+        f"torch {torch.__version__} is installed: install torch=={_build_info.TORCH_VERSION}, or "
+        f"a tsnap built for torch {torch.__version__} (from a clone: "
+        "pip install --no-build-isolation .)")
 
 # After the version check: a mismatched module may not load (E402 is off for this file).
 from . import _C
@@ -39,6 +43,11 @@ InvalidArgument = _C.InvalidArgument
 SaveStats = _C.SaveStats
 
 __version__: str = _build_info.TSNAP_VERSION
+#: The prefix that holds tsnap's C++ package in the binary wheel (include/, lib/, the CMake
+#: package): ``cmake -DCMAKE_PREFIX_PATH="$(python -c 'import torch, tsnap;
+#: print(torch.utils.cmake_prefix_path + ";" + tsnap.cmake_prefix_path)')"`` then
+#: ``find_package(tsnap)``, as ``torch.utils.cmake_prefix_path`` does for LibTorch.
+cmake_prefix_path: str = os.path.dirname(os.path.abspath(__file__))
 __all__ = [
     "DistGroup", "Error", "FormatError", "InvalidArgument", "IoError", "PeriodicSnapshots",
     "SaveHandle", "SaveStats", "Snapshotter", "latest", "load", "load_into",
