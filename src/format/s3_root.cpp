@@ -19,7 +19,7 @@ std::shared_ptr<io::S3Client> s3_client() {
   // One client per distinct configuration: every field of it.
   std::string key;
   for (const std::string* s : {&config.endpoint, &config.region, &config.access_key,
-                               &config.secret_key, &config.session_token}) {
+                               &config.secret_key, &config.session_token, &config.ca_bundle}) {
     key += std::to_string(s->size()) + ":" + *s;
   }
   for (const long v :

@@ -2,6 +2,7 @@
 
 #include <curl/curl.h>
 #include <openssl/evp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -94,6 +95,16 @@ void env_limit(const char* name, long min, long* value) {
                 std::string(name) + "='" + v + "' is not a whole number >= " + std::to_string(min));
   }
   *value = n;
+}
+
+// The CA bundle of this machine's distribution: the first of the usual places that exists
+// (Debian and Ubuntu, Fedora and RHEL, openSUSE, Alpine); empty when none does.
+std::string system_ca_bundle() {
+  for (const char* path : {"/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt",
+                           "/etc/ssl/ca-bundle.pem", "/etc/ssl/cert.pem"}) {
+    if (::access(path, R_OK) == 0) return path;
+  }
+  return "";
 }
 
 // MD5 (Content-MD5, ETags) or SHA-256 (x-amz-content-sha256) of a buffer.
@@ -375,6 +386,9 @@ S3Config S3Config::from_environment() {
   env_limit("TSNAP_S3_ATTEMPTS", 1, &attempts);
   c.attempts = static_cast<int>(std::min(attempts, 100L));
   env_limit("TSNAP_S3_RETRY_MS", 0, &c.retry_ms);
+  c.ca_bundle = env("AWS_CA_BUNDLE");
+  if (c.ca_bundle.empty()) c.ca_bundle = env("SSL_CERT_FILE");
+  if (c.ca_bundle.empty()) c.ca_bundle = system_ca_bundle();
   return c;
 }
 
@@ -561,6 +575,7 @@ Response S3Client::perform(const Request& q) {
     curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, stall_s);
     if (q.slow_answer) curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, kSlowAnswerMs);
     curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+    if (!config_.ca_bundle.empty()) curl_easy_setopt(h, CURLOPT_CAINFO, config_.ca_bundle.c_str());
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, slist.p);
     curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(h, CURLOPT_HEADERDATA, &r);

@@ -62,6 +62,9 @@ struct S3Config {
   int attempts = 5;         ///< Tries per request, transient failures included (>= 1).
   long retry_ms = 30'000;   ///< No retry begins this long after the first began (0: no limit).
   bool verify_etag = true;  ///< Check ETag == MD5 on PUT and UploadPart (off for SSE-KMS).
+  /// The certificate authorities an https endpoint is checked against (a PEM file); empty:
+  /// libcurl's built-in default.
+  std::string ca_bundle;
 
   /// The configuration of the environment: endpoint from AWS_ENDPOINT_URL_S3, else
   /// AWS_ENDPOINT_URL, else https://s3.<region>.amazonaws.com; region from AWS_REGION, else
@@ -69,7 +72,10 @@ struct S3Config {
   /// AWS_SESSION_TOKEN; path-style addressing from TSNAP_S3_PATH_STYLE (1/0), by default on for
   /// a custom endpoint and off for AWS's; TSNAP_S3_VERIFY_ETAG=0 turns the ETag check off; the
   /// limits from TSNAP_S3_CONNECT_TIMEOUT_MS, TSNAP_S3_TIMEOUT_MS, TSNAP_S3_MIN_SPEED,
-  /// TSNAP_S3_ATTEMPTS and TSNAP_S3_RETRY_MS (the defaults above when unset).
+  /// TSNAP_S3_ATTEMPTS and TSNAP_S3_RETRY_MS (the defaults above when unset); the CA bundle
+  /// from AWS_CA_BUNDLE, else SSL_CERT_FILE, else the first of the distributions' usual
+  /// bundles that exists (Debian's, Red Hat's, SUSE's, Alpine's), so that a libcurl built
+  /// for one distribution (the binary wheel's) finds another's.
   /// Errors: InvalidArgument naming a limit variable that is not a number in range (missing
   /// credentials mean anonymous requests). Thread-safety: reads the environment (do not setenv
   /// concurrently).

@@ -5,6 +5,7 @@
 // endpoint and holds no secret, and with memory bounded by the caps (io/s3_client.h).
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -292,6 +293,15 @@ TEST(S3HostileEndpoint, LimitsFromTheEnvironment) {
   EXPECT_EQ(c.min_speed, 64);
   EXPECT_EQ(c.attempts, 2);
   EXPECT_EQ(c.retry_ms, 0);
+  // The CA bundle: AWS_CA_BUNDLE, else SSL_CERT_FILE, else the distribution's (this machine's).
+  ::setenv("AWS_CA_BUNDLE", "/opt/ca/aws.pem", 1);
+  ::setenv("SSL_CERT_FILE", "/opt/ca/ssl.pem", 1);
+  EXPECT_EQ(S3Config::from_environment().ca_bundle, "/opt/ca/aws.pem");
+  ::unsetenv("AWS_CA_BUNDLE");
+  EXPECT_EQ(S3Config::from_environment().ca_bundle, "/opt/ca/ssl.pem");
+  ::unsetenv("SSL_CERT_FILE");
+  const std::string system = S3Config::from_environment().ca_bundle;
+  EXPECT_TRUE(system.empty() || ::access(system.c_str(), R_OK) == 0) << system;
   ::setenv("TSNAP_S3_TIMEOUT_MS", "soon", 1);
   try {
     S3Config::from_environment();
