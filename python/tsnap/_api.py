@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import sys
 import warnings
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal, Optional, Union
 
@@ -164,6 +167,7 @@ class Snapshotter:
             drain_bytes_per_second=int(drain_bytes_per_second),
             local_keep_last=int(local_keep_last), group=_group_of(group))
         self._group = group
+        _open_snapshotters.add(self)
 
     def save_async(self, name: str, state: State, metadata: Mapping[str, Any] | None = None,
                    dtype: torch.dtype | None = None, staging: Staging = "eager", *,
@@ -277,6 +281,25 @@ class Snapshotter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# What is still open when the interpreter exits is closed by an exit handler, while Python still
+# runs: the saves in flight commit (an exception that ends the program does not lose a save that
+# save_async accepted), and no engine thread lets go of a tensor that Python owns after the
+# interpreter began to shut down (CPython ends a thread that asks for the GIL then, and ending
+# one inside the engine aborts the process). The hooks first: each holds its Snapshotter open.
+_open_hooks: weakref.WeakSet[Any] = weakref.WeakSet()
+_open_snapshotters: weakref.WeakSet[Snapshotter] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    for group in (_open_hooks, _open_snapshotters):
+        for obj in list(group):
+            try:
+                obj.close()
+            except Exception as e:  # an exit handler that raised would hide the others
+                print(f"tsnap: at exit, closing {type(obj).__name__}: {e}", file=sys.stderr)
 
 
 def save(path: PathArg, state: State, metadata: Mapping[str, Any] | None = None,

@@ -11,7 +11,7 @@ from typing import Any, Callable, Literal, Optional, Union
 
 import torch
 
-from . import _C, _dist
+from . import _C, _api, _dist
 from ._api import (
     DtypeRules,
     PathArg,
@@ -144,6 +144,7 @@ class PeriodicSnapshots:
             if self._prev_sigint is not None:
                 signal.signal(signal.SIGINT, self._prev_sigint)
             raise
+        _api._open_hooks.add(self)
 
     def resume(self, apply: Callable[[State], object],
                into: State | Callable[[], State] | None = None) -> int:
