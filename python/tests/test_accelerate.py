@@ -2,21 +2,20 @@
 
 import errno
 import os
-import pathlib
 import random
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
 
 pytest.importorskip("accelerate")
 
+import child_run  # noqa: E402
 import numpy as np  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 from accelerate.state import AcceleratorState, GradientState  # noqa: E402
 from accelerate.utils import ProjectConfiguration  # noqa: E402
+from child_run import read_losses  # noqa: E402
 
 import tsnap  # noqa: E402
 import tsnap.accelerate  # noqa: E402
@@ -177,7 +176,7 @@ def test_automatic_naming_refuses_an_existing_iteration(tmp_path):
 # -- a crash mid-run, a full disk ------------------------------------------------------------------
 
 CHILD = r"""
-import os, sys
+import os, sys, time
 sys.path.insert(0, {tests!r})
 import torch
 torch.set_num_threads(1)
@@ -199,7 +198,7 @@ if mode == "kill":
         if epoch == 2:  # mid-epoch, once a checkpoint is committed; the newest may be in flight
             while not any(T.tsnap._integration.is_snapshot(os.path.join(project, "checkpoints", n))
                           for n in ("checkpoint_0", "checkpoint_1")):
-                T.time.sleep(0.005)
+                time.sleep(0.005)
             os.kill(os.getpid(), 9)
         record(losses, epoch, T.epoch(acc, *objs))
         tsnap.accelerate.save_state(acc)
@@ -219,14 +218,7 @@ else:
 
 
 def run_child(tmp_path, *args):
-    script = tmp_path / "child.py"
-    script.write_text(CHILD.format(tests=os.path.dirname(os.path.abspath(__file__))))
-    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True,
-                          text=True, timeout=120, cwd=tmp_path)
-
-
-def read_losses(path):
-    return dict(line.split() for line in pathlib.Path(path).read_text().splitlines())
+    return child_run.run_child(tmp_path, CHILD, *args)
 
 
 def test_kill_9_mid_run_then_load_state_resumes_bit_identically(tmp_path):

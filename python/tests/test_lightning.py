@@ -21,7 +21,9 @@ import torch
 pytest.importorskip("lightning")
 np = pytest.importorskip("numpy")
 
+import child_run  # noqa: E402
 import lightning.pytorch as pl  # noqa: E402
+from child_run import read_losses  # noqa: E402
 from compare import assert_same, bits_equal  # noqa: E402
 from lightning.fabric import Fabric  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
@@ -558,14 +560,7 @@ with T.warnings.catch_warnings():
 
 
 def run_child(tmp_path, *args):
-    script = tmp_path / "child.py"
-    script.write_text(CHILD.format(tests=os.path.dirname(os.path.abspath(__file__))))
-    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True,
-                          text=True, timeout=120, cwd=tmp_path)
-
-
-def read_losses(path):
-    return dict(line.split() for line in pathlib.Path(path).read_text().splitlines())
+    return child_run.run_child(tmp_path, CHILD, *args)
 
 
 def test_kill_9_mid_run_then_resume_from_last(tmp_path):

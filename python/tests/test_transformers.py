@@ -2,10 +2,7 @@
 
 import errno
 import os
-import pathlib
 import signal
-import subprocess
-import sys
 import warnings
 
 import pytest
@@ -13,6 +10,8 @@ import torch
 
 pytest.importorskip("transformers")
 
+import child_run  # noqa: E402
+from child_run import read_losses  # noqa: E402
 from transformers import (  # noqa: E402
     GPT2Config,
     GPT2LMHeadModel,
@@ -188,14 +187,7 @@ else:
 
 
 def run_child(tmp_path, *args):
-    script = tmp_path / "child.py"
-    script.write_text(CHILD.format(tests=os.path.dirname(os.path.abspath(__file__))))
-    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True,
-                          text=True, timeout=120, cwd=tmp_path)
-
-
-def read_losses(path):
-    return dict(line.split() for line in pathlib.Path(path).read_text().splitlines())
+    return child_run.run_child(tmp_path, CHILD, *args)
 
 
 def test_kill_9_mid_run_then_resume_bit_identically(tmp_path):
@@ -210,7 +202,8 @@ def test_kill_9_mid_run_then_resume_bit_identically(tmp_path):
         assert tsnap.verify(out / name) == []
     child = run_child(tmp_path, "resume", out, resumed)
     assert child.returncode == 0, child.stderr[-2000:]
-    reference, before, after = (read_losses(p) for p in (f"{resumed}.ref", killed, resumed))
+    reference, before, after = (
+        read_losses(p) for p in (f"{resumed}.ref", killed, resumed))
     assert len(reference) == MAX_STEPS and len(before) == 7
     assert min(map(int, after)) in (4, 7), sorted(after)
     for step, loss in (before | after).items():
