@@ -210,9 +210,7 @@ Source s3_source(restore::FetchedSnapshot& local, const format::SnapshotDir& dir
           [&local, &dir, &m, &opened](const std::vector<restore::Target>& targets,
                                       const restore::ReadPlan& plan, const LoadOptions& options,
                                       bool in_place) {
-            std::vector<const TensorRecord*> records;  // (a load_into does not open first)
-            for (const restore::Target& t : targets) records.push_back(t.record);
-            local.fetch_for(records);
+            local.fetch_for(plan);  // the chunks read, not the whole records
             return restore::read_chunks(dir, m, targets, plan, options, in_place, &opened);
           }};
 }

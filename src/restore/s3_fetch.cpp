@@ -59,11 +59,10 @@ void check(int rc, const std::string& what) {
 
 namespace {
 
-// Copies the files `which` (indexes into m.files) of snapshot `name` into `dir` (which exists):
-// each by ranged GETs of its chunks, each chunk checked before it is written, then fsynced.
-void fetch_files(const format::S3Root& root, const std::string& name, const Manifest& m,
-                 const fs::path& dir, const std::vector<size_t>& which) {
-  // Every object is there and of the manifest's size before anything is allocated for it.
+// Checks that every object of the files `which` (indexes into m.files) is there and of the
+// manifest's size, before anything is allocated for them.
+void check_objects(const format::S3Root& root, const std::string& name, const Manifest& m,
+                   const std::vector<size_t>& which) {
   const std::map<std::string, uint64_t> sizes = root.object_sizes(name);
   for (size_t i : which) {
     const FileRecord& f = m.files[i];
@@ -76,16 +75,31 @@ void fetch_files(const format::S3Root& root, const std::string& name, const Mani
                       std::to_string(f.size));
     }
   }
+}
+
+// Copies the chunks `tasks` of snapshot `name` into the shard files under `dir` (which exists),
+// each by a ranged GET, checked against its hash before it is written; the files are made at
+// their full size where they are not there yet (a chunk not fetched stays a hole), and fsynced.
+void fetch_chunks(const format::S3Root& root, const std::string& name, const Manifest& m,
+                  const fs::path& dir, const std::vector<ChunkTask>& tasks) {
+  std::vector<size_t> which;
+  for (const ChunkTask& t : tasks) {
+    if (std::find(which.begin(), which.end(), t.file) == which.end()) which.push_back(t.file);
+  }
+  check_objects(root, name, m, which);
   std::vector<io::UniqueFd> fds(m.files.size());
-  std::vector<ChunkTask> tasks;
   for (size_t i : which) {
     const FileRecord& f = m.files[i];
     int err = 0;
     const std::string path = (dir / f.name).string();
-    fds[i] = io::open_fd(path, O_WRONLY | O_CREAT | O_EXCL, 0644, &err);
-    check(err, "create " + path);
-    check(::ftruncate(fds[i].get(), static_cast<off_t>(f.size)) == 0 ? 0 : -errno, "size " + path);
-    for (uint64_t c = 0; c < f.chunk_hashes.size(); ++c) tasks.push_back({i, c});
+    fds[i] = io::open_fd(path, O_WRONLY | O_CREAT, 0644, &err);
+    check(err, "open " + path);
+    struct stat st {};
+    check(::fstat(fds[i].get(), &st) == 0 ? 0 : -errno, "stat " + path);
+    if (static_cast<uint64_t>(st.st_size) != f.size) {
+      check(::ftruncate(fds[i].get(), static_cast<off_t>(f.size)) == 0 ? 0 : -errno,
+            "size " + path);
+    }
   }
   io::S3Client& client = root.client();
   const std::string bucket = root.location().bucket;
@@ -129,9 +143,11 @@ void write_manifest(const std::string& text, const fs::path& dir) {
 void fetch(const format::S3Root& root, const std::string& name, const Manifest& m,
            const std::string& text, const fs::path& dir) {
   if (::mkdir(dir.c_str(), 0755) != 0) detail::throw_sys_error(-errno, "create " + dir.string());
-  std::vector<size_t> all(m.files.size());
-  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
-  fetch_files(root, name, m, dir, all);
+  std::vector<ChunkTask> all;
+  for (size_t i = 0; i < m.files.size(); ++i) {
+    for (uint64_t c = 0; c < m.files[i].chunk_hashes.size(); ++c) all.push_back({i, c});
+  }
+  fetch_chunks(root, name, m, dir, all);
   write_manifest(text, dir);
 }
 
@@ -161,20 +177,63 @@ FetchedSnapshot::FetchedSnapshot(const std::string& url, bool every_file) {
     (void)detail::remove_tree(top_.string());
     throw;
   }
-  fetched_.assign(manifest_.files.size(), every_file);
+  fetched_.resize(manifest_.files.size());
+  for (size_t i = 0; i < manifest_.files.size(); ++i) {
+    fetched_[i].assign(manifest_.files[i].chunk_hashes.size(), every_file);
+    if (every_file) fetched_bytes_ += manifest_.files[i].size;
+  }
+}
+
+void FetchedSnapshot::fetch_ranges(const std::vector<FileRange>& ranges) {
+  std::vector<ChunkTask> tasks;
+  auto want = [&](size_t file, uint64_t chunk) {
+    if (fetched_[file][chunk]) return;
+    fetched_[file][chunk] = true;  // once, however many pieces share it
+    tasks.push_back({file, chunk});
+  };
+  for (const FileRange& r : ranges) {
+    const FileRecord& f = manifest_.files[r.file];
+    const uint64_t chunk = std::max<uint64_t>(f.chunk_bytes, 1);
+    const uint64_t chunks = f.chunk_hashes.size();
+    // The chunks that hold the file's header (a reader opens the file by it), then the range's.
+    for (uint64_t c = 0; c < chunks && c * chunk < f.data_offset; ++c) want(r.file, c);
+    if (r.end > r.begin) {
+      for (uint64_t c = r.begin / chunk; c < chunks && c * chunk < r.end; ++c) want(r.file, c);
+    }
+  }
+  if (tasks.empty()) return;
+  std::sort(tasks.begin(), tasks.end(), [](const ChunkTask& a, const ChunkTask& b) {
+    return a.file != b.file ? a.file < b.file : a.chunk < b.chunk;
+  });
+  try {
+    fetch_chunks(*root_, name_, manifest_, snapshot_, tasks);
+  } catch (...) {
+    for (const ChunkTask& t : tasks) fetched_[t.file][t.chunk] = false;
+    throw;
+  }
+  for (const ChunkTask& t : tasks) fetched_bytes_ += chunk_length(manifest_.files[t.file], t.chunk);
+}
+
+size_t FetchedSnapshot::file_index(const std::string& file) const {
+  for (size_t i = 0; i < manifest_.files.size(); ++i) {
+    if (manifest_.files[i].name == file) return i;
+  }
+  throw_error(ErrorCode::kBadManifest,
+              "the manifest names shard " + file + ", which it does not list among its files");
 }
 
 void FetchedSnapshot::fetch_for(const std::vector<const TensorRecord*>& records) {
-  std::vector<size_t> which;
-  for (const TensorRecord* r : records) {
-    for (size_t i = 0; i < manifest_.files.size(); ++i) {
-      if (manifest_.files[i].name == r->file && !fetched_[i]) {
-        fetched_[i] = true;
-        which.push_back(i);
-      }
-    }
+  std::vector<FileRange> ranges;
+  for (const TensorRecord* r : records) ranges.push_back({file_index(r->file), r->begin, r->end});
+  fetch_ranges(ranges);
+}
+
+void FetchedSnapshot::fetch_for(const ReadPlan& plan) {
+  std::vector<FileRange> ranges;
+  for (const ChunkRead& c : plan.chunks) {
+    ranges.push_back({file_index(plan.files[c.file]->name), c.offset, c.offset + c.length});
   }
-  if (!which.empty()) fetch_files(*root_, name_, manifest_, snapshot_, which);
+  fetch_ranges(ranges);
 }
 
 FetchedSnapshot::~FetchedSnapshot() { (void)detail::remove_tree(top_.string()); }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "format/s3_root.h"
+#include "restore/read_plan.h"
 #include "tsnap/load.h"
 #include "tsnap/manifest.h"
 
@@ -32,8 +33,10 @@ void fetch(const format::S3Root& root, const std::string& name, const Manifest& 
 
 /// A local copy of snapshot `url` ("s3://bucket/prefix/name") in a new temporary directory
 /// (under TSNAP_FETCH_DIR, else the system's temporary directory), removed by the destructor:
-/// every file at once (`every_file`), or the manifest alone and then the files that
-/// fetch_for() is asked for (a load of some keys GETs only the shards that hold them).
+/// every file at once (`every_file`), or the manifest alone and then the chunks that
+/// fetch_for() is asked for: a load of some keys, or of one rank's pieces, GETs only the chunks
+/// that hold them (and each file's header chunk), each once however many pieces share it; the
+/// rest of each file stays a hole that nothing reads.
 /// Errors: those of fetch and S3Root::read_manifest. Ownership: owns the directory.
 /// Thread-safety: one thread at a time.
 class FetchedSnapshot {
@@ -46,14 +49,27 @@ class FetchedSnapshot {
   const std::filesystem::path& path() const { return snapshot_; }
   /// Its manifest.
   const Manifest& manifest() const { return manifest_; }
-  /// Fetches the files that hold `records` (of manifest()) and are not local yet.
+  /// Fetches the chunks that hold `records` (of manifest()) and are not local yet.
   void fetch_for(const std::vector<const TensorRecord*>& records);
+  /// Fetches the chunks that `plan` (of manifest()) reads and are not local yet.
+  void fetch_for(const ReadPlan& plan);
+  /// The bytes fetched so far (the whole snapshot's with `every_file`).
+  uint64_t fetched_bytes() const { return fetched_bytes_; }
 
  private:
+  struct FileRange {
+    size_t file;     // index into manifest_.files
+    uint64_t begin;  // byte range in the file
+    uint64_t end;
+  };
+  void fetch_ranges(const std::vector<FileRange>& ranges);
+  size_t file_index(const std::string& file) const;
+
   std::unique_ptr<format::S3Root> root_;
   std::string name_;
   Manifest manifest_;
-  std::vector<bool> fetched_;       // by file index
+  std::vector<std::vector<bool>> fetched_;  // by file index, then chunk
+  uint64_t fetched_bytes_ = 0;
   std::filesystem::path top_;       // the temporary directory
   std::filesystem::path snapshot_;  // top_/<name>
 };
