@@ -15,6 +15,9 @@
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack it, older kernels say EINVAL
 #endif
+#ifndef MADV_COLLAPSE
+#define MADV_COLLAPSE 25  // Linux 6.1; older kernels say EINVAL
+#endif
 
 namespace tsnap::detail {
 namespace {
@@ -40,6 +43,14 @@ bool populate_untouched(uint8_t* p, uint64_t len) {
   const auto start = reinterpret_cast<uintptr_t>(p) / kPage * kPage;
   const auto end = reinterpret_cast<uintptr_t>(p) + len;
   return ::madvise(reinterpret_cast<uint8_t*>(start), end - start, MADV_POPULATE_WRITE) == 0;
+}
+
+bool collapse_into_huge_pages(uint8_t* p, uint64_t len) {
+  constexpr uintptr_t kHuge = 2ull << 20;
+  const uintptr_t start = (reinterpret_cast<uintptr_t>(p) + kHuge - 1) / kHuge * kHuge;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + len) / kHuge * kHuge;
+  if (end <= start) return false;
+  return ::madvise(reinterpret_cast<uint8_t*>(start), end - start, MADV_COLLAPSE) == 0;
 }
 
 void populate(uint8_t* p, uint64_t len) {

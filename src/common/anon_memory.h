@@ -1,13 +1,19 @@
 #pragma once
 // Private anonymous memory for bulk data (staging pools, read buffers): an
 // mmap'd region, optionally advised into transparent huge pages, and the means to fault pages
-// in ahead of use. Measured on this project's 2-core VM, first touches of 1.5 GB cost: 1.3-1.7 s
-// by a memset on one thread (4 KiB faults, no faster on two); 0.7 s populated in-kernel
-// (MADV_POPULATE_WRITE); as 2 MiB pages 0.2 s when the memory was freed just before, but 2-3 s
-// on one thread and 0.7 s on two when the host had taken it back meanwhile (free page
-// reporting). So huge pages suit long-lived memory populated on every core at once (the
-// staging pool); and a huge-page region must be populated before the kernel copies into it
-// (a pread into one that was not ran 4-10x slower).
+// in ahead of use. Measured on this project's 2-core VM (kernel 6.18, THP enabled=madvise,
+// defrag=madvise), first touches of 1.5 GiB cost:
+// - 4 KiB pages: 0.58-0.70 s populated in-kernel (MADV_POPULATE_WRITE), on one thread or two
+//   alike; 1.0 s by a memcpy into them on two threads; 1.0-1.3 s by a memset on one.
+// - 2 MiB pages, by any method: 0.06-0.14 s when the memory was freed just before, 0.8-3.5 s
+//   otherwise (the host takes freed memory back: free page reporting), so their cost is the
+//   host's, not ours.
+// Once faulted in, copies into either run alike (0.08-0.13 s for 1.5 GiB on two threads), but
+// O_DIRECT writes from huge pages are faster (a 1.5 GB save 0.72-0.74 s against 0.89-0.94 s).
+// So memory that someone waits for is faulted in as 4 KiB pages, in-kernel, and a long-lived
+// pool is collapsed into huge pages afterwards, in the background (collapse_into_huge_pages);
+// a huge-page region must be populated before the kernel copies into it (a pread into one that
+// was not ran 4-10x slower).
 //
 // Thread-safety: immutable once made. Ownership: owns the mapping; unmapped by the destructor.
 
@@ -42,6 +48,12 @@ void populate(uint8_t* p, uint64_t len);
 /// their bytes, so that other threads may write them meanwhile. Returns false, having done
 /// nothing, where the kernel cannot (before Linux 5.14).
 bool populate_untouched(uint8_t* p, uint64_t len);
+/// Asks the kernel to replace the 4 KiB pages of the 2 MiB-aligned part of [p, p + len) by
+/// huge pages, keeping their contents (MADV_COLLAPSE, Linux 6.1+). Synchronous and costly
+/// (it allocates and copies): for a background thread. Safe while other threads read or
+/// write the memory; pages pinned by I/O in flight stay as they are. Returns false where the
+/// kernel did not collapse all of it (older kernels, no huge page to be had, pinned pages).
+bool collapse_into_huge_pages(uint8_t* p, uint64_t len);
 /// populate() split over one thread per core (the calling thread included): fresh pages are
 /// faulted in by each core independently, which on a VM also spreads the host's faults.
 void populate_in_parallel(uint8_t* p, uint64_t len);

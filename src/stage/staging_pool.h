@@ -43,10 +43,11 @@ class StagingPool {
   /// when it had to wait for a release.
   int acquire(bool* waited = nullptr);
   /// Faults in every buffer not faulted in yet, now, split over one thread per core (the
-  /// caller's included); returns when all are ready. 1.5 GB took 0.2-0.7 s on a 2-core VM.
+  /// caller's included); returns when all are ready. 1.5 GB took 0.3-0.45 s on a 2-core VM.
   void fault_in_now();
   /// Starts the background thread that faults in the buffers no acquire() has yet (at a lower
-  /// CPU and I/O priority when `background_priority`), then calls `done` on that thread (e.g.
+  /// CPU and I/O priority when `background_priority`), collapses the pool into huge pages
+  /// where the kernel can (common/anon_memory.h), then calls `done` on that thread (e.g.
   /// to register the buffers with io_uring, which pins their pages). `done` must not throw;
   /// it does not run when stop_background() came first or no thread could start. Once a pool.
   void fault_in_background(bool background_priority, std::function<void()> done);
