@@ -65,12 +65,29 @@ void gnuplot(const fs::path& path, const std::string& size, const std::string& p
   }
 }
 
-double ratio(const PointResult& r, const std::string& num, const std::string& den, bool gbps) {
+// A ratio of two measures, per repetition where both have one per repetition (each pair was
+// measured minutes apart at most, so a device or host that changed pace between repetitions
+// moves both), else of their medians: its median and range.
+struct RatioValue {
+  double median = 0, min = 0, max = 0;
+};
+
+RatioValue ratio(const PointResult& r, const std::string& num, const std::string& den, bool gbps) {
   const Measure* a = r.find(num);
   const Measure* b = r.find(den);
-  if (!a || !b) return 0;
-  return gbps ? (b->gbps() > 0 ? a->gbps() / b->gbps() : 0)
-              : (b->s.median() > 0 ? a->s.median() / b->s.median() : 0);
+  if (!a || !b) return {};
+  const auto one = [&](double na, double nb) {
+    if (na <= 0 || nb <= 0) return 0.0;
+    if (!gbps) return na / nb;
+    return b->bytes > 0 ? (a->bytes / na) / (b->bytes / nb) : 0.0;
+  };
+  Series q;
+  if (a->s.v.size() == b->s.v.size() && a->s.v.size() > 1) {
+    for (size_t i = 0; i < a->s.v.size(); ++i) q.add(one(a->s.v[i], b->s.v[i]));
+  } else {
+    q.add(one(a->s.median(), b->s.median()));
+  }
+  return {q.median(), q.min(), q.max()};
 }
 
 struct Ratio {
@@ -125,10 +142,13 @@ void print_table(const BenchOptions& o, const Sweep& sweep, const StateInfo& sta
                      fixed(m.s.min(), 3) + ".." + fixed(m.s.max(), 3), fixed(m.gbps(), 2)});
     }
     table.print(std::cout);
-    std::cout << "ratios:\n";
+    std::cout << "ratios (median of the repetitions' own ratios, min..max):\n";
     for (const Ratio& q : ratios()) {
-      const double v = ratio(r, q.num, q.den, q.gbps);
-      if (v > 0) std::cout << "  " << std::left << std::setw(40) << q.label << fixed(v, 2) << '\n';
+      const RatioValue v = ratio(r, q.num, q.den, q.gbps);
+      if (v.median <= 0) continue;
+      std::cout << "  " << std::left << std::setw(40) << q.label << fixed(v.median, 2);
+      if (v.max > v.min) std::cout << "  " << fixed(v.min, 2) << ".." << fixed(v.max, 2);
+      std::cout << '\n';
     }
     std::cout << "  process CPU time per save (median)      " << fixed(r.cpu_s.median(), 3)
               << " s\n";
@@ -167,8 +187,11 @@ void print_json(const BenchOptions& o, const Sweep& sweep, const StateInfo& stat
       if (!m.s.empty()) p["measures"][m.key] = series_json(m);
     }
     for (const Ratio& q : ratios()) {
-      const double v = ratio(r, q.num, q.den, q.gbps);
-      if (v > 0) p["ratios"][q.key] = v;
+      const RatioValue v = ratio(r, q.num, q.den, q.gbps);
+      if (v.median > 0) {
+        p["ratios"][q.key] = v.median;
+        p["ratio_ranges"][q.key] = {v.min, v.max};
+      }
     }
     p["cpu_s_per_save"] = r.cpu_s.median();
     j["results"].push_back(p);

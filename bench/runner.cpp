@@ -55,8 +55,8 @@ std::vector<Measure> measures(const PointSpec& spec, const StateDict& state, boo
     const std::string key = i == 0 ? "" : "_" + dtype_suffix(spec.dtypes[i]);
     const std::string label = i == 0 ? "" : " [" + dtype_suffix(spec.dtypes[i]) + "]";
     m.insert(m.end(),
-             {{"tsnap_save" + key, "tsnap save (durable)" + label, {}, 0},
-              {"tsnap_stall" + key, "tsnap stall" + label, {}, out_bytes},
+             {{"tsnap_save" + key, "tsnap save (durable; later saves)" + label, {}, 0},
+              {"tsnap_stall" + key, "tsnap stall (later saves)" + label, {}, out_bytes},
               {"tsnap_stage" + key, "  of which staging" + label, {}, out_bytes},
               {"tsnap_staged" + key, "tsnap call to staged (lazy)" + label, {}, out_bytes},
               {"memcpy" + key, "memcpy 2 threads (stall floor)" + label, {}, out_bytes},
@@ -65,8 +65,8 @@ std::vector<Measure> measures(const PointSpec& spec, const StateDict& state, boo
               {"tsnap_load_warm" + key, "tsnap::load (warm: files cached)" + label, {}, 0},
               {"tsnap_verify" + key, "tsnap::verify (cold: files evicted)" + label, {}, 0}});
   }
-  m.insert(m.end(), {{"construct", "Snapshotter construction (pool)", {}, 0},
-                     {"first_stall", "first save's stall, right after it", {}, 0},
+  m.insert(m.end(), {{"construct", "Snapshotter construction (pool made)", {}, 0},
+                     {"first_stall", "first save's stall (the pool's first use)", {}, 0},
                      {"first_touch", "  memset 1 thread, huge pages (former)", {}, 0},
                      {"torch_save", "torch::save + fsync", {}, in_bytes},
                      {"torch_load", "torch::load (cold: file evicted)", {}, in_bytes},
