@@ -115,6 +115,30 @@ def test_trainer_resumes_bit_identically_with_retention(tmp_path):
     second.close_checkpoints()
 
 
+class BudgetAt(TrainerCallback):
+    """Records the run's staging budget at the end of a step."""
+
+    def __init__(self, step):
+        self.step, self.budget = step, None
+
+    def on_step_end(self, args, state, control, trainer=None, **kwargs):
+        if state.global_step == self.step:
+            self.budget = self.trainer._tsnap.snapshotter(args.output_dir).staging_budget
+
+
+def test_staging_buffers_are_ready_before_the_first_save(tmp_path):
+    # Made after the first optimizer step (the optimizer's moments exist by then), so that the
+    # first save, at step 3, stalls no longer than the later ones.
+    at2 = BudgetAt(2)
+    trainer = Recording(model=model(0), args=arguments(tmp_path / "run", max_steps=3),
+                        train_dataset=dataset(), callbacks=[at2])
+    at2.trainer = trainer
+    trainer.train()
+    assert at2.budget is not None and at2.budget > 0
+    assert checkpoints(tmp_path / "run") == ["checkpoint-3"]
+    trainer.close_checkpoints()
+
+
 def test_unsupported_value_names_its_key(tmp_path):
     class Bad(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):

@@ -151,17 +151,29 @@ class Saves:
         self.reap()
         self.raise_failure()
 
+    def snapshotter(self, root: str) -> Snapshotter:
+        """The Snapshotter of the directory ``root`` (made, and ``root`` with it, when new)."""
+        os.makedirs(root, exist_ok=True)
+        key = os.path.realpath(root)
+        snap = self._snapshotters.get(key)
+        if snap is None:
+            snap = self._snapshotters[key] = Snapshotter(root, **self._options)
+        return snap
+
+    def prepare(self, root: str, state: State, *, dtype: torch.dtype | None = None,
+                dtype_rules: DtypeRules = None) -> None:
+        """Sizes and faults in the staging buffers of the saves into ``root`` for ``state``
+        (``Snapshotter.prepare``), so that the first save stalls no longer than the later ones;
+        a no-op once they exist."""
+        self.snapshotter(root).prepare(state, dtype, dtype_rules=dtype_rules)
+
     def start(self, path: str, state: State, metadata: dict[str, Any], *,
               overwrite: bool = False, dtype: torch.dtype | None = None,
               dtype_rules: DtypeRules = None, incremental: bool | None = None) -> Save:
         """Starts saving ``state`` (``ready()`` called, ``checked()`` passed) as the snapshot
         directory ``path``; returns once staged. A queued removal of ``path`` is dropped."""
         root, name = os.path.split(path)
-        os.makedirs(root, exist_ok=True)
-        key = os.path.realpath(root)
-        snap = self._snapshotters.get(key)
-        if snap is None:
-            snap = self._snapshotters[key] = Snapshotter(root, **self._options)
+        snap = self.snapshotter(root)
         self._removals = [r for r in self._removals if not same_path(r.path, path)]
         handle = snap.save_async(name, state, metadata=metadata, dtype=dtype,
                                  dtype_rules=dtype_rules, overwrite=overwrite,

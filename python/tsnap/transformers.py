@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 from transformers import Trainer
-from transformers.trainer_callback import ExportableState
+from transformers.trainer_callback import ExportableState, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, SaveStrategy
 
 from ._api import load, metadata
@@ -69,6 +69,20 @@ class _Resume:
         self.state = state
 
 
+class _PrepareAfterFirstStep(TrainerCallback):
+    """Prepares the staging buffers once the first optimizer step has made the optimizer's
+    state (before the first save, which comes after this callback in the same step)."""
+
+    def __init__(self, trainer: TsnapTrainer) -> None:
+        self._trainer = trainer
+        self._done = False
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not self._done:
+            self._done = True
+            self._trainer._tsnap_prepare()
+
+
 class TsnapTrainer(Trainer):
     """A ``transformers.Trainer`` whose checkpoints are tsnap snapshots saved in the
     background; takes the Trainer's arguments, and:
@@ -79,8 +93,9 @@ class TsnapTrainer(Trainer):
         tsnap_options: keywords of ``tsnap.Snapshotter`` (``max_in_flight`` default 2,
             ``staging_budget``, ``chunk_bytes``, ``io_threads``, ...).
 
-    One Snapshotter per run directory, made at the first save (its staging buffers are reused
-    by every save and freed by ``close_checkpoints()``).
+    One Snapshotter per run directory, made after the first optimizer step, when the state is
+    complete: its staging buffers are sized and faulted in then, so that the first save stalls
+    no longer than the later ones; every save reuses them; ``close_checkpoints()`` frees them.
     """
 
     def __init__(self, *args: Any, tsnap_dtype: torch.dtype | None = None,
@@ -91,6 +106,7 @@ class TsnapTrainer(Trainer):
         self._tsnap_dtype = tsnap_dtype
         self._tsnap = Saves(_PREFIX, options)
         self._tsnap_resume: _Resume | None = None
+        self.add_callback(_PrepareAfterFirstStep(self))
 
     # -- public --------------------------------------------------------------------------------
 
@@ -158,6 +174,23 @@ class TsnapTrainer(Trainer):
             best = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.best_global_step}")
             if best == path or os.path.exists(best) or best in self._tsnap.in_flight:
                 self.state.best_model_checkpoint = best
+        snapshot = self._with_trainer_state(self._snapshot_state())
+        meta = {"step": int(self.state.global_step), RECORD_KEY: {"format": _RECORD_FORMAT}}
+        self._tsnap.ready()
+        checked(snapshot, _PREFIX, path)
+        self._tsnap.start(path, snapshot, meta, overwrite=True, dtype=self._tsnap_dtype)
+        self._rotate(run_dir)
+
+    def _tsnap_prepare(self) -> None:
+        """Prepares the staging buffers of the run directory's saves for the state as it is."""
+        if self.args.save_strategy == SaveStrategy.NO:
+            return
+        run_dir = os.path.abspath(self._get_output_dir(trial=None))
+        self._tsnap.prepare(run_dir, self._snapshot_state(), dtype=self._tsnap_dtype)
+
+    def _snapshot_state(self) -> dict[str, Any]:
+        """The tensors' part of a checkpoint: model, optimizer, scheduler, scaler, RNG."""
+        args = self.args
         unwrapped: Any = self.model
         optimizer: Any = self.optimizer
         snapshot: dict[str, Any] = {"model": unwrapped.state_dict()}
@@ -169,6 +202,11 @@ class TsnapTrainer(Trainer):
             if scaler is not None:
                 snapshot["scaler"] = scaler.state_dict()
             snapshot["rng"] = rng_state()
+        return snapshot
+
+    def _with_trainer_state(self, snapshot: dict[str, Any]) -> dict[str, Any]:
+        """``snapshot`` with the trainer state, the stateful callbacks' states recorded in it
+        first (as the Trainer's own save does, once per save)."""
         callback_states: Any = self.state.stateful_callbacks
         for cb in [c for c in self.callback_handler.callbacks + [self.control]
                    if isinstance(c, ExportableState)]:
@@ -178,11 +216,7 @@ class TsnapTrainer(Trainer):
             else:
                 callback_states[name] = cb.state()
         snapshot["trainer_state"] = dataclasses.asdict(self.state)
-        meta = {"step": int(self.state.global_step), RECORD_KEY: {"format": _RECORD_FORMAT}}
-        self._tsnap.ready()
-        checked(snapshot, _PREFIX, path)
-        self._tsnap.start(path, snapshot, meta, overwrite=True, dtype=self._tsnap_dtype)
-        self._rotate(run_dir)
+        return snapshot
 
     def _finalize_training(self, trial: Any, num_train_samples: Any, start_time: Any) -> Any:
         self._tsnap.wait()  # before the Trainer's own clean-up looks at the checkpoints
