@@ -383,8 +383,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-loop", action="store_true", help="with --cuda: skip the training loop")
     p.add_argument("--json", default=None, help="also write every figure to this file")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--trainers", nargs="?", const=",".join(("lightning", "accelerate",
+                                                          "transformers")), default=None,
+                   help="a checkpoint save in each trainer (comma-separated, of lightning, "
+                   "accelerate, transformers; default all) through tsnap and through the "
+                   "trainer's own writer, GPT-2 small + AdamW (1.5 GB), --repeat saves "
+                   "(default 3); tsnap/bench/_trainers.py")
     args = p.parse_args(argv)
 
+    if args.trainers:
+        from . import _trainers
+        args.repeat = args.repeat or 3
+        unknown = set(args.trainers.split(",")) - set(_trainers.TRAINERS)
+        if unknown:
+            p.error(f"--trainers takes {', '.join(_trainers.TRAINERS)}, not "
+                    f"{','.join(sorted(unknown))}")
+        saves = _trainers.main(args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(saves, f, indent=1)
+        return 0
     if args.cuda:
         from . import _cuda
         if not 0 < args.scale <= 1:
