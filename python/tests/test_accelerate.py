@@ -125,6 +125,21 @@ def test_save_resume_bit_identical_with_retention(tmp_path):
     tsnap.accelerate.checkpointer(acc).close()
 
 
+def test_staging_buffers_are_ready_before_the_first_save(tmp_path):
+    # A Checkpointer made right after prepare() sizes its buffers after the first optimizer
+    # step (the moments exist by then), so that the first save stalls no longer than the later.
+    acc, *objs = setup(tmp_path / "run")
+    cp = tsnap.accelerate.checkpointer(acc)
+    snap = cp._saves.snapshotter(str(tmp_path / "run" / "checkpoints"))
+    assert snap.staging_budget == 0
+    epoch(acc, *objs)
+    assert snap.staging_budget > 0
+    path = tsnap.accelerate.save_state(acc)
+    tsnap.accelerate.wait(acc)
+    assert tsnap.verify(path) == []
+    cp.close()
+
+
 def test_explicit_output_dir_and_errors(tmp_path):
     acc, model, opt, dl, sched, counter = setup(tmp_path / "p")
     acc.project_configuration.automatic_checkpoint_naming = False

@@ -71,7 +71,10 @@ class Checkpointer:
 
     Thread-safety: call it from the training thread. Each directory that snapshots are saved
     in gets its own Snapshotter (staging buffers reused by every save there); ``close()``
-    waits for every save and frees them.
+    waits for every save and frees them. Made before the first optimizer step (right after
+    ``accelerator.prepare(...)``) with ``automatic_checkpoint_naming`` on, it sizes and faults
+    in the staging buffers after that step, once the optimizers' state exists, so that the
+    first save stalls no longer than the later ones.
     """
 
     def __init__(self, accelerator: Accelerator, *, dtype: torch.dtype | None = None,
@@ -81,6 +84,24 @@ class Checkpointer:
         self._dtype = dtype
         self._saves = Saves(_PREFIX, dict(snapshotter_options, max_in_flight=int(max_in_flight),
                                           staging_budget=int(staging_budget)))
+        self._prepare_hooks: list[Any] = []
+        if accelerator.project_configuration.automatic_checkpoint_naming:
+            for o in accelerator._optimizers:
+                inner = getattr(o, "optimizer", o)
+                self._prepare_hooks.append(inner.register_step_post_hook(self._after_step))
+
+    def _after_step(self, *_: Any) -> None:
+        """After the first optimizer step: prepares the staging buffers of the saves into the
+        checkpoints directory for the state as it is now."""
+        hooks, self._prepare_hooks = self._prepare_hooks, []
+        for h in hooks:
+            h.remove()
+        acc = self.accelerator
+        state = {"models": [acc.get_state_dict(m, unwrap=False) for m in acc._models],
+                 "optimizers": [o.state_dict() for o in acc._optimizers],
+                 "scaler": None if acc.scaler is None else acc.scaler.state_dict(),
+                 "rng": rng_state()}
+        self._saves.prepare(self._checkpoints_dir(), state, dtype=self._dtype)
 
     def save_state(self, output_dir: PathArg | None = None) -> str:
         """Starts saving the accelerator's state and returns the snapshot's path once the
