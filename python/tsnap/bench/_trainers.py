@@ -14,7 +14,9 @@ default), ``AsyncCheckpointIO`` over it, ``tsnap.lightning.TsnapCheckpointIO``; 
 ``accelerator.save_state`` and ``tsnap.accelerate.save_state``; transformers: the Trainer's
 checkpoint save (``Trainer._save_checkpoint``, as at every ``save_steps``) and
 ``tsnap.transformers.TsnapTrainer``'s. The first save and the median of the later ones are
-reported apart (the first includes making the writer's buffers, where it has any).
+reported apart. tsnap's staging buffers are made after the first optimizer step where the
+integration can (transformers, Accelerate), inside the first save where it cannot (Lightning's
+CheckpointIO sees the state only then).
 """
 
 from __future__ import annotations
@@ -134,6 +136,9 @@ def _accelerate(writer: str, repeat: int, workdir: str) -> dict[str, Any]:
     acc = Accelerator(cpu=True, project_config=ProjectConfiguration(
         project_dir=workdir, automatic_checkpoint_naming=True))
     model, opt = acc.prepare(model, opt)
+    if writer == "tsnap":
+        # What a checkpointer made after prepare() does after the first optimizer step.
+        tsnap.accelerate.checkpointer(acc)._after_step()
 
     def save(i: int) -> str:
         if writer == "tsnap":
