@@ -61,25 +61,34 @@ struct Completion {
   int result = 0;
 };
 
-// The read buffers of one load: aligned, and faulted in on every core before the first read
-// (left to the reads, each page of fresh memory was faulted in inside a read, on the io path).
-// In huge pages for O_DIRECT reads: each read pins its buffer's pages, 4,096 of them per 16 MiB
-// in 4 KiB pages; measured on the 2-core VM (tsnap_bench_restore, cold load_into of 1.5 GB):
-// 0.89 s with 4 KiB pages faulted by the reads, 0.76 s populated first, 0.50-0.52 s in huge
-// pages populated first (a read into huge pages not populated first ran 4-10x slower:
-// common/anon_memory.h). Not for reads through the page cache, whose verified copy out of
-// huge pages measured slower (0.29-0.32 s against 0.22-0.29 s warm).
+// The read buffers of one load: aligned, and each faulted in right before its first read (left
+// to the read, each page of fresh memory was faulted in inside it, on the io path). In huge
+// pages for O_DIRECT reads: each read pins its buffer's pages, 4,096 of them per 16 MiB in
+// 4 KiB pages; measured on the 2-core VM (tsnap_bench_restore, cold load_into of 1.5 GB): 0.89 s
+// with 4 KiB pages faulted by the reads, 0.76 s populated first, 0.50-0.52 s in huge pages
+// populated first (a read into huge pages not populated first ran 4-10x slower:
+// common/anon_memory.h). All of them faulted in before the first read took 0.01-0.56 s for
+// 256 MiB, as the host pleased; buffer by buffer, the first read starts at once and the others'
+// faults overlap the reads in flight. Not for reads through the page cache, whose verified copy
+// out of huge pages measured slower (0.29-0.32 s against 0.22-0.29 s warm).
 class ReadBuffers {
  public:
   ReadBuffers(size_t count, uint64_t bytes, bool huge)
-      : memory_(count * bytes, huge, "read buffers"), bytes_(bytes) {
-    detail::populate_in_parallel(memory_.data(), memory_.size());
-  }
+      : memory_(count * bytes, huge, "read buffers"), bytes_(bytes), ready_(count, 0) {}
   uint8_t* data(int i) const { return memory_.data() + static_cast<uint64_t>(i) * bytes_; }
+  // Faults buffer `i` in unless done before. Called by the buffer's user (one at a time) right
+  // before it submits a read into it, so that the first reads start at once and the rest of
+  // the buffers are faulted in while they are in flight.
+  void prepare(int i) const {
+    if (ready_[i]) return;
+    detail::populate(data(i), bytes_);
+    ready_[i] = 1;
+  }
 
  private:
   detail::AnonMemory memory_;
   uint64_t bytes_;
+  mutable std::vector<uint8_t> ready_;  // per buffer; each written only by its current user
 };
 
 // The pieces of `c` that need no conversion, in chunk order, when a read can put them
@@ -139,6 +148,7 @@ class FileChunks : public ChunkSource {
   void fetch(size_t job, int slot, io::Done done) override {
     const ChunkRead& c = plan_.chunks[job];
     const OpenShard& s = shards_[c.file];
+    buffers_.prepare(slot);
     if (const std::vector<size_t>* direct = in_place(job)) {
       std::vector<iovec> iov;
       iov.reserve(2 * direct->size() + 1);
