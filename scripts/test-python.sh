@@ -25,20 +25,10 @@ TSNAP_TORCH=wheel "$repo/scripts/install-deps.sh"
 py="$repo/.venv/bin/python"
 pip=("$py" -m pip --disable-pip-version-check --no-input)
 
-missing=()
-for pair in scikit_build_core:scikit-build-core pybind11:pybind11 pytest:pytest \
-    safetensors:safetensors numpy:numpy psutil:psutil \
-    "lightning:lightning==$lightning_version" "accelerate:accelerate==$accelerate_version" \
-    "transformers:transformers==$transformers_version"; do
-  module="${pair%%:*}"
-  if ! "$py" -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$module') is None)"; then
-    missing+=("${pair##*:}")
-  fi
-done
-if ((${#missing[@]} > 0)); then
-  echo "test-python: installing ${missing[*]}"
-  "${pip[@]}" install "${missing[@]}"
-fi
+"$repo/scripts/pip-ensure.sh" "$py" scikit_build_core:scikit-build-core pybind11:pybind11 \
+  pytest:pytest safetensors:safetensors numpy:numpy psutil:psutil \
+  "lightning:lightning==$lightning_version" "accelerate:accelerate==$accelerate_version" \
+  "transformers:transformers==$transformers_version"
 
 echo "test-python: building and installing the package (build/py)"
 "${pip[@]}" install --no-build-isolation --no-deps -q "$repo"
