@@ -16,6 +16,7 @@
 // Thread-safety: all methods are thread-safe. Ownership: owns the memory; buffers handed out
 // stay valid until the pool is destroyed, which must happen after every buffer is released.
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -67,6 +68,9 @@ class StagingPool {
   /// Set before the first acquire().
   void set_reclaim(std::function<void()> reclaim);
   static constexpr std::chrono::milliseconds kReclaimRetry{20};
+  /// Pools up to this size are made of huge pages at once; larger ones of 4 KiB pages,
+  /// collapsed into huge pages in the background (staging_pool.cpp).
+  static constexpr uint64_t kSmallPool = 64ull << 20;
   /// The memory of buffer `index`.
   uint8_t* data(int index) const { return buffers_[index]; }
   size_t buffer_bytes() const { return buffer_bytes_; }
@@ -81,6 +85,10 @@ class StagingPool {
   enum class Pages : uint8_t { kFresh, kFaulting, kReady };
   // Faults in buffer `index` unless someone has; `lock` holds mu_ (released while faulting).
   void fault_in(int index, std::unique_lock<std::mutex>& lock);
+  // On the background thread: collapses each buffer into huge pages while it is free (taken
+  // out of free_ meanwhile, and given back at once when an acquire() waits), until all are,
+  // stop_background() is called, or none was free for a second (e.g. kept by hot images).
+  void collapse_free_buffers();
 
   size_t buffer_bytes_;
   bool pinned_ = false;
@@ -91,7 +99,9 @@ class StagingPool {
   bool stop_ = false;
   std::thread faulter_;
   std::vector<int> free_;
-  void* pinned_ctx_ = nullptr;                  // at::DataPtr owner for pinned memory
+  size_t collapsing_ = 0;        // buffers out of free_ while collapse_free_buffers() works
+  std::atomic<int> waiters_{0};  // acquire() calls waiting for a free buffer
+  void* pinned_ctx_ = nullptr;   // at::DataPtr owner for pinned memory
   std::unique_ptr<detail::AnonMemory> memory_;  // the buffers when not pinned
   mutable std::mutex mu_;
   std::condition_variable cv_;
