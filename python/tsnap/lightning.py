@@ -417,7 +417,8 @@ class TsnapModelParallelStrategy(ModelParallelStrategy):
         weight the model lacks."""
         path = self.broadcast(_abspath(checkpoint_path))
         if not os.path.isfile(os.path.join(path, MANIFEST)):
-            return super().load_checkpoint(path, weights_only)
+            loaded: dict[str, Any] = super().load_checkpoint(path, weights_only)
+            return loaded
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,
