@@ -207,16 +207,18 @@ std::vector<KeyError> parse_delete_errors(std::string_view xml) {
   return errors;
 }
 
-std::string unquote_etag(std::string s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
-  if (s.size() >= 2 && s.front() == '"' && s.back() == '"') s = s.substr(1, s.size() - 2);
-  return s;
+std::string unquote_etag(std::string etag) {
+  while (!etag.empty() && std::isspace(static_cast<unsigned char>(etag.back()))) etag.pop_back();
+  if (etag.size() >= 2 && etag.front() == '"' && etag.back() == '"') {
+    etag = etag.substr(1, etag.size() - 2);
+  }
+  return etag;
 }
 
-std::string escape(std::string_view s) {
+std::string escape(std::string_view text) {
   std::string r;
-  r.reserve(s.size());
-  for (const char c : s) {
+  r.reserve(text.size());
+  for (const char c : text) {
     switch (c) {
       case '&':
         r += "&amp;";

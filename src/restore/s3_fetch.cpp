@@ -224,12 +224,14 @@ size_t FetchedSnapshot::file_index(const std::string& file) const {
 
 void FetchedSnapshot::fetch_for(const std::vector<const TensorRecord*>& records) {
   std::vector<FileRange> ranges;
+  ranges.reserve(records.size());
   for (const TensorRecord* r : records) ranges.push_back({file_index(r->file), r->begin, r->end});
   fetch_ranges(ranges);
 }
 
 void FetchedSnapshot::fetch_for(const ReadPlan& plan) {
   std::vector<FileRange> ranges;
+  ranges.reserve(plan.chunks.size());
   for (const ChunkRead& c : plan.chunks) {
     ranges.push_back({file_index(plan.files[c.file]->name), c.offset, c.offset + c.length});
   }
