@@ -775,9 +775,11 @@ TEST(DistPeriodic, ARankOutlivingTheStoreHostLogsOneLineAndEndsCleanly) {
   ASSERT_TRUE(WIFEXITED(ranks.statuses[1])) << "rank 1 did not end";
   EXPECT_EQ(WEXITSTATUS(ranks.statuses[1]), 0);
   EXPECT_NE(ranks.texts[1].find("ended-lines 1 backtraces 0"), std::string::npos) << ranks.texts[1];
-  // The first store call that fails makes LibTorch's TCPStore log one warning with a backtrace
-  // (c10d's own logging, which TORCH_CPP_LOG_LEVEL=ERROR silences); no call follows it.
-  EXPECT_LE(occurrences(ranks.errs[1], "frame #0:"), 1) << "stderr: " << ranks.errs[1];
+  // A store call that fails makes LibTorch's TCPStore log one warning with a backtrace (c10d's
+  // own logging, which TORCH_CPP_LOG_LEVEL=ERROR silences). No call follows the first failure,
+  // but two of the rank's threads that use the store may each have
+  // one in flight when the host goes: at most two.
+  EXPECT_LE(occurrences(ranks.errs[1], "frame #0:"), 2) << "stderr: " << ranks.errs[1];
   EXPECT_EQ(ranks.texts[1].rfind("finished", 0), 0u) << ranks.texts[1];
   EXPECT_LT(took, 30.0);
 }
