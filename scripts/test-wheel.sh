@@ -14,8 +14,8 @@
 #   - a C++ program (tests/packaging/consumer) builds with find_package(tsnap) pointed at
 #     tsnap.cmake_prefix_path and LibTorch at torch.utils.cmake_prefix_path, with /usr ignored by
 #     CMake's searches, and runs. Building it needs CMake and a compiler, as any C++ program.
-# Extra arguments go to pytest. About 9 min on 2 cores after scripts/test-python.sh (the wheel
-# build about 4, the suite about 2.5, the consumer 1).
+# Extra arguments go to pytest. 5 min on 2 cores in CI (a fresh clone, after
+# scripts/test-python.sh), the wheel's build included.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
