@@ -68,10 +68,11 @@ struct TSNAP_API TierOptions {
   /// checking every chunk's XXH3-64 before it writes it, so a durable snapshot is never one that
   /// verifies wrong. At construction the drain starts with the committed snapshots of `root`
   /// that the durable tier lacks (oldest first: a drain interrupted by a crash resumes), after
-  /// removing stale temporaries of the durable root (as on `root`). With `group`, whose
+  /// removing stale temporaries of the durable root (as on `root`). With a group whose
   /// snapshots are one shared directory committed by rank 0, rank 0 alone drains them (every
   /// rank's files) and applies the local tier's retention; on the other ranks drain_wait(),
-  /// drained() and drain_stats() have nothing to report. See Snapshotter::drain_wait.
+  /// drained() and drain_stats() have nothing to report. With node-local roots (`node_local`)
+  /// every rank drains. See Snapshotter::drain_wait.
   ///
   /// Object storage: `durable_root = "s3://bucket/prefix"` (endpoint, region and credentials
   /// from AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID,
@@ -93,6 +94,21 @@ struct TSNAP_API TierOptions {
   /// (an undrained snapshot is never removed) and none being saved. 0 keeps everything.
   /// Retention of the durable tier is the user's (PeriodicSnapshots' keep rules).
   int local_keep_last = 2;
+  /// With SnapshotterOptions::group: `root` is a node-local disk (the same path on every node, a different disk
+  /// on each), not one directory that every rank shares. Each rank writes its files there; rank
+  /// 0 merges the manifest as always and every node commits its own copy of the snapshot under
+  /// `root` (the full manifest, the files of that node's ranks). Every rank then drains the
+  /// files its node holds (its node's ranks split them; each paced to `bytes_per_second`) into
+  /// `durable_root`, where the snapshot becomes one: the rank that completes the last upload
+  /// publishes the manifest, after every file of the save is in place, so a durable snapshot
+  /// is complete or absent. A rank killed mid-drain leaves the snapshot unpublished; a later
+  /// drain (after a restart, on any world size) uploads what is missing and publishes it.
+  /// drain_wait() returns when this rank's share is uploaded: once every rank's has returned,
+  /// the snapshot is durable. Retention (local_keep_last) runs on every node. `resume`
+  /// (PeriodicSnapshots) agrees on one snapshot across ranks: the newest that each rank can
+  /// load, from its node's copy when that holds every file, else from the durable root.
+  /// Ignored without a group.
+  bool node_local = false;
 };
 
 // The deprecated members below warn where a program names them, not where the compiler
@@ -244,6 +260,8 @@ class TSNAP_API Snapshotter {
 
   /// The durable tier's root (SnapshotterOptions::tier.durable_root); empty without one.
   const std::filesystem::path& durable_root() const;
+  /// The durable tier's options (SnapshotterOptions::tier).
+  const TierOptions& tier() const;
   /// Blocks until every snapshot committed under root before the call is drained to the
   /// durable tier (or its drain failed; a drain that failed before for a reason other than bad
   /// local bytes is retried first). Throws the first drain failure not thrown yet whose

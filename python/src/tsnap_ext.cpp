@@ -440,7 +440,7 @@ PYBIND11_MODULE(_C, m) {
                        const std::string& engine, bool direct_io, int max_in_flight, bool fail_fast,
                        bool incremental, bool keep_hot, const std::string& durable_root,
                        uint64_t drain_bytes_per_second, int local_keep_last,
-                       const py::object& group) {
+                       const py::object& group, bool node_local) {
              tsnap::SnapshotterOptions options;
              options.root = root;
              options.staging.budget_bytes = staging_budget;
@@ -458,6 +458,7 @@ PYBIND11_MODULE(_C, m) {
              options.tier.durable_root = durable_root;
              options.tier.bytes_per_second = drain_bytes_per_second;
              options.tier.local_keep_last = local_keep_last;
+             options.tier.node_local = node_local;
              if (!group.is_none()) options.group = group.cast<std::shared_ptr<tsnap::DistGroup>>();
              auto out = std::make_unique<PySnapshotter>();
              py::gil_scoped_release release;
@@ -469,7 +470,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("engine"), py::arg("direct_io"), py::arg("max_in_flight"), py::arg("fail_fast"),
            py::arg("incremental"), py::arg("keep_hot"), py::arg("durable_root"),
            py::arg("drain_bytes_per_second"), py::arg("local_keep_last"),
-           py::arg("group") = py::none())
+           py::arg("group") = py::none(), py::arg("node_local") = false)
       .def(
           "save_async",
           [](PySnapshotter& self, const std::string& name,

@@ -101,6 +101,7 @@ class Snapshotter:
         drain_bytes_per_second: int,
         local_keep_last: int,
         group: DistGroup | None = None,
+        node_local: bool = False,
     ) -> None: ...
     def save_async(
         self,

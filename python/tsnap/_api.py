@@ -131,8 +131,8 @@ class Snapshotter:
     Arguments mirror ``tsnap::SnapshotterOptions``, flat (``stage_threads`` is
     ``staging.threads``, ``staging_budget`` ``staging.budget_bytes``, ``keep_hot``
     ``staging.keep_hot``; ``io_threads``, ``queue_depth``, ``engine`` and ``direct_io`` are
-    ``io.*``; ``durable_root``, ``drain_bytes_per_second`` and ``local_keep_last`` are
-    ``tier.*``): ``chunk_bytes`` (multiple of 4096),
+    ``io.*``; ``durable_root``, ``drain_bytes_per_second``, ``local_keep_last`` and
+    ``node_local`` are ``tier.*``): ``chunk_bytes`` (multiple of 4096),
     ``stage_threads`` (0 = every core for eager staging, half for lazy), ``io_threads``,
     ``queue_depth``, ``engine`` ('auto', 'io_uring', 'pwrite'), ``direct_io``,
     ``max_in_flight`` (saves writing at once), ``when_busy`` (``InFlightPolicy``: 'wait', a save
@@ -147,7 +147,9 @@ class Snapshotter:
     group makes a Snapshotter on the same root (a filesystem they share) and calls
     ``save_async`` with the same names in the same order; each writes its pieces of DTensors
     and its share of the replicated tensors, rank 0 commits, and every rank's handle completes
-    with the same outcome.
+    with the same outcome. With ``node_local=True`` (and a ``durable_root``) ``root`` is a
+    disk of each node instead: every node keeps its ranks' files, every rank drains its node's
+    share to ``durable_root``, and the snapshot is whole there once the last share is in.
     """
 
     def __init__(self, root: PathArg, staging_budget: int = 0, *, chunk_bytes: int = 16 << 20,
@@ -155,7 +157,8 @@ class Snapshotter:
                  engine: Engine = "auto", direct_io: bool = True, max_in_flight: int = 2,
                  when_busy: InFlight = "wait", incremental: bool = False, keep_hot: bool = False,
                  durable_root: PathArg | None = None, drain_bytes_per_second: int = 0,
-                 local_keep_last: int = 2, group: _dist.DistGroup | None = None) -> None:
+                 local_keep_last: int = 2, group: _dist.DistGroup | None = None,
+                 node_local: bool = False) -> None:
         fail_fast = _in_flight(when_busy)
         self._s = _C.Snapshotter(
             root=_fspath(root), staging_budget=int(staging_budget), chunk_bytes=int(chunk_bytes),
@@ -165,7 +168,8 @@ class Snapshotter:
             keep_hot=bool(keep_hot),
             durable_root=_fspath(durable_root) if durable_root is not None else "",
             drain_bytes_per_second=int(drain_bytes_per_second),
-            local_keep_last=int(local_keep_last), group=_group_of(group))
+            local_keep_last=int(local_keep_last), group=_group_of(group),
+            node_local=bool(node_local))
         self._group = group
         _open_snapshotters.add(self)
 

@@ -231,7 +231,10 @@ class StoreCoordinator final : public dist::Coordinator {
   // How messages name save `id`: by its snapshot's name, which the user knows.
   std::string describe(const std::string& id) const {
     const Slot s = slot_of(id);
-    return s.name.empty() ? "save " + id : "the save of snapshot '" + s.name + "'";
+    if (s.name.empty()) return "save " + id;
+    // Agreements that are not saves have names no snapshot can have: "/resume".
+    if (s.name.front() == '/') return "the agreement on " + s.name.substr(1);
+    return "the save of snapshot '" + s.name + "'";
   }
   // The store prefix of save `id`'s keys.
   std::string slot(const std::string& id) const {

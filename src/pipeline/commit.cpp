@@ -18,12 +18,14 @@
 #include "pipeline/commit.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 
 #include <filesystem>
 #include <system_error>
 
 #include "common/remove_tree.h"
 #include "common/sys_error.h"
+#include "io/fd.h"
 #include "tsnap/error.h"
 #include "tsnap/manifest.h"
 
@@ -95,6 +97,37 @@ uint64_t commit_directory(io::Engine& engine, const CommitPaths& paths,
   }
   check(sync_rc, "fsync directory " + paths.root);
   return manifest_text.size();
+}
+
+namespace {
+
+// Whether `final_path` holds a committed snapshot of save `id`.
+bool committed_as(const std::string& final_path, const std::string& id) {
+  try {
+    return read_manifest(final_path).id == id;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+uint64_t commit_node_copy(io::Engine& engine, const CommitPaths& paths,
+                          const std::string& manifest_text, const std::string& id, bool overwrite,
+                          std::string* leftover) {
+  // The descriptor follows the directory through the rename: a rank that waited for the lock
+  // while another committed holds the committed directory, and finds `id` at the final path.
+  const io::UniqueFd dir(::open(paths.temporary.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir.valid()) {
+    const int err = errno;
+    if (committed_as(paths.final, id)) return 0;  // committed by another rank of this node
+    detail::throw_sys_error(-err, "open temporary directory " + paths.temporary);
+  }
+  if (::flock(dir.get(), LOCK_EX) != 0) {
+    detail::throw_sys_error(-errno, "lock temporary directory " + paths.temporary);
+  }
+  if (committed_as(paths.final, id)) return 0;
+  return commit_directory(engine, paths, manifest_text, overwrite, leftover);
 }
 
 void remove_temporary(const std::string& path) noexcept { (void)detail::remove_tree(path); }

@@ -40,6 +40,15 @@ uint64_t commit_directory(io::Engine& engine, const CommitPaths& paths,
                           const std::string& manifest_text, bool overwrite,
                           std::string* leftover = nullptr);
 
+/// Node-local roots (TierOptions::node_local): commits this node's copy of save `id`, whose
+/// temporary directory the node's ranks share, with the manifest rank 0 merged. The first of
+/// them to take the directory's lock (flock) runs commit_directory; the others find `id`
+/// committed at the final path and return 0. Same errors as commit_directory, and Error
+/// (kNotFound) when neither the temporary directory nor the committed copy is there.
+uint64_t commit_node_copy(io::Engine& engine, const CommitPaths& paths,
+                          const std::string& manifest_text, const std::string& id, bool overwrite,
+                          std::string* leftover = nullptr);
+
 /// Removes a temporary directory and everything in it; never throws.
 void remove_temporary(const std::string& path) noexcept;
 

@@ -19,6 +19,8 @@
 #include "pipeline/drain.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
@@ -314,6 +316,11 @@ void Drain::pass() {
     }
     notify(*record);
   }
+  // Node-local roots: a save this rank did not publish is learned durable by a later pass.
+  if (config_.node_rank >= 0) {
+    DrainRecord removals;
+    keep_last(removals);
+  }
   // Forget saves that are gone from both tiers' concern (no longer local), so the set stays
   // the size of the roots.
   std::set<Save> present;
@@ -374,89 +381,31 @@ std::optional<DrainRecord> Drain::drain_one(const fs::path& local, const std::st
   }
   m = format::parse_manifest(text, dir->label(kManifestName));
 
+  if (config_.node_rank >= 0) {
+    return s3_ ? drain_share_s3(*dir, text, m, name) : drain_share_dir(*dir, text, m, name);
+  }
   if (s3_) return drain_one_s3(*dir, text, m, name);
 
   // 2. Durable already, or superseded there.
-  const fs::path final_path = config_.durable_root / name;
-  std::error_code ec;
-  if (fs::exists(final_path, ec)) {
-    try {
-      const Manifest there = read_manifest(final_path);
-      if (there.id == m.id || format::newer(age_of(there), age_of(m))) {
-        std::lock_guard<std::mutex> lock(mu_);
-        durable_.emplace(name, m.id);
-        return std::nullopt;
-      }
-    } catch (const Error&) {
-      // Not a valid snapshot there: the commit below replaces it.
-    }
-  }
+  if (settled_dir(name, m)) return std::nullopt;
 
   // 3. Copy into a temporary directory of the durable root.
   const std::string root = config_.durable_root.string();
   CommitPaths paths{root, root + "/" + format::temporary_name(name, format::new_save_id()),
-                    final_path.string()};
+                    (config_.durable_root / name).string()};
   check(engine_->mkdir(paths.temporary), "create directory " + paths.temporary);
   DrainRecord record;
   record.name = name;
   record.id = m.id;
   try {
-    std::vector<char> buffer;
     std::map<std::string, std::optional<Manifest>> durable_bases;  // by snapshot name
     for (const FileRecord& f : m.files) {
       if (link_reused(f, m, paths.temporary, durable_bases)) {
         record.linked_bytes += f.size;
         continue;
       }
-      format::OpenedFile src;
-      try {
-        src = format::open_snapshot_file(*dir, f.name, "shard");
-      } catch (const Error& e) {
-        if (e.code() == ErrorCode::kNotFound && dir->replaced()) throw Abandoned{};
-        throw;
-      }
-      const std::string label = dir->label(f.name);
-      if (src.size() != f.size) {
-        throw_error(src.size() < f.size ? ErrorCode::kTruncated : ErrorCode::kBadManifest,
-                    "drain: " + label + " is " + std::to_string(src.size()) +
-                        " bytes, the manifest says " + std::to_string(f.size) + "; not copied to " +
-                        root);
-      }
-      const std::string to = paths.temporary + "/" + f.name;
-      const int fd = engine_->open(to, O_WRONLY | O_CREAT | O_EXCL, 0644);
-      check(fd, "create " + to);
-      EngineFd dst(*engine_, fd);
-      buffer.resize(std::max<size_t>(buffer.size(), f.chunk_bytes));
-      for (size_t i = 0; i < f.chunk_hashes.size(); ++i) {
-        const uint64_t offset = i * f.chunk_bytes;
-        const size_t len = static_cast<size_t>(std::min<uint64_t>(f.chunk_bytes, f.size - offset));
-        const int64_t n = io::read_full(src.fd.get(), buffer.data(), len, offset);
-        if (n < 0) detail::throw_sys_error(static_cast<int>(n), "read " + label);
-        if (static_cast<size_t>(n) != len) {
-          throw_error(ErrorCode::kTruncated, "drain: " + label + " ended at byte " +
-                                                 std::to_string(offset + n) + " inside chunk " +
-                                                 std::to_string(i) + "; not copied to " + root);
-        }
-        const uint64_t hash = format::hash64(buffer.data(), len);
-        if (hash != f.chunk_hashes[i]) {
-          throw_error(ErrorCode::kHashMismatch,
-                      "drain: chunk " + std::to_string(i) + " of " + label + " (bytes [" +
-                          std::to_string(offset) + ", " + std::to_string(offset + len) +
-                          ")) has XXH3-64 " + format::hash_hex(hash) + ", the manifest says " +
-                          format::hash_hex(f.chunk_hashes[i]) + "; the snapshot is not copied to " +
-                          root);
-        }
-        for (size_t p = 0; p < len; p += kPieceBytes) {
-          const size_t piece = static_cast<size_t>(std::min<uint64_t>(kPieceBytes, len - p));
-          pace(piece);
-          check(io::write_and_wait(*engine_, dst.get(), buffer.data() + p, piece, offset + p),
-                "write " + to);
-        }
-      }
-      check(engine_->fsync(dst.get()), "fsync " + to);
-      check(dst.close(), "close " + to);
-      ::posix_fadvise(src.fd.get(), 0, 0, POSIX_FADV_DONTNEED);  // a copy, not a reader's data
-      record.bytes += f.size;
+      const format::OpenedFile src = open_source(*dir, f);
+      copy_file(src, dir->label(f.name), f, paths.temporary + "/" + f.name, record);
     }
     // 4. The commit protocol of every save.
     std::string leftover;
@@ -474,47 +423,130 @@ std::optional<DrainRecord> Drain::drain_one(const fs::path& local, const std::st
   return record;
 }
 
+bool Drain::settled_dir(const std::string& name, const Manifest& m) {
+  std::error_code ec;
+  const fs::path final_path = config_.durable_root / name;
+  if (!fs::exists(final_path, ec)) return false;
+  try {
+    const Manifest there = read_manifest(final_path);
+    if (there.id == m.id || format::newer(age_of(there), age_of(m))) {
+      std::lock_guard<std::mutex> lock(mu_);
+      durable_.emplace(name, m.id);
+      return true;
+    }
+  } catch (const Error&) {
+    // Not a valid snapshot there: the commit replaces it.
+  }
+  return false;
+}
+
+format::OpenedFile Drain::open_source(const format::SnapshotDir& dir, const FileRecord& f) const {
+  try {
+    return format::open_snapshot_file(dir, f.name, "shard");
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::kNotFound && dir.replaced()) throw Abandoned{};
+    throw;
+  }
+}
+
+void Drain::copy_file(const format::OpenedFile& src, const std::string& label, const FileRecord& f,
+                      const std::string& to, DrainRecord& record) {
+  const std::string root = config_.durable_root.string();
+  if (src.size() != f.size) {
+    throw_error(src.size() < f.size ? ErrorCode::kTruncated : ErrorCode::kBadManifest,
+                "drain: " + label + " is " + std::to_string(src.size()) +
+                    " bytes, the manifest says " + std::to_string(f.size) + "; not copied to " +
+                    root);
+  }
+  const int fd = engine_->open(to, O_WRONLY | O_CREAT | O_EXCL, 0644);
+  check(fd, "create " + to);
+  EngineFd dst(*engine_, fd);
+  std::vector<char> buffer(std::max<size_t>(f.chunk_bytes, 1));
+  for (size_t i = 0; i < f.chunk_hashes.size(); ++i) {
+    const uint64_t offset = i * f.chunk_bytes;
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(f.chunk_bytes, f.size - offset));
+    const int64_t n = io::read_full(src.fd.get(), buffer.data(), len, offset);
+    if (n < 0) detail::throw_sys_error(static_cast<int>(n), "read " + label);
+    if (static_cast<size_t>(n) != len) {
+      throw_error(ErrorCode::kTruncated, "drain: " + label + " ended at byte " +
+                                             std::to_string(offset + n) + " inside chunk " +
+                                             std::to_string(i) + "; not copied to " + root);
+    }
+    const uint64_t hash = format::hash64(buffer.data(), len);
+    if (hash != f.chunk_hashes[i]) {
+      throw_error(ErrorCode::kHashMismatch,
+                  "drain: chunk " + std::to_string(i) + " of " + label + " (bytes [" +
+                      std::to_string(offset) + ", " + std::to_string(offset + len) +
+                      ")) has XXH3-64 " + format::hash_hex(hash) + ", the manifest says " +
+                      format::hash_hex(f.chunk_hashes[i]) + "; the snapshot is not copied to " +
+                      root);
+    }
+    for (size_t p = 0; p < len; p += kPieceBytes) {
+      const size_t piece = static_cast<size_t>(std::min<uint64_t>(kPieceBytes, len - p));
+      pace(piece);
+      check(io::write_and_wait(*engine_, dst.get(), buffer.data() + p, piece, offset + p),
+            "write " + to);
+    }
+  }
+  check(engine_->fsync(dst.get()), "fsync " + to);
+  check(dst.close(), "close " + to);
+  ::posix_fadvise(src.fd.get(), 0, 0, POSIX_FADV_DONTNEED);  // a copy, not a reader's data
+  record.bytes += f.size;
+}
+
 std::optional<DrainRecord> Drain::drain_one_s3(const format::SnapshotDir& dir,
                                                const std::string& text, const Manifest& m,
                                                const std::string& name) {
   const auto started = Clock::now();
+  // 2. Durable already, or superseded there; an older save of the name stops being listed
+  // before any of its objects changes.
+  if (settled_s3(name, m)) return std::nullopt;
+  // 3. The shards.
+  DrainRecord record;
+  record.name = name;
+  record.id = m.id;
+  for (const FileRecord& f : m.files) {
+    upload_file(open_source(dir, f), dir.label(f.name), f, s3_->key(name, f.name), record);
+  }
+  // 4. The manifest last.
+  publish_s3(name, text, m, record);
+  record.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  return record;
+}
+
+bool Drain::settled_s3(const std::string& name, const Manifest& m) {
   const format::S3Root& store = *s3_;
-  const io::S3Url& at = store.location();
-  // 2. Durable already, or superseded there.
-  bool replacing = false;
+  const std::optional<std::string> there_text = store.manifest_text(name);
+  if (!there_text) return false;
   try {
-    if (std::optional<std::string> there_text = store.manifest_text(name)) {
-      replacing = true;
-      const Manifest there = format::parse_manifest(*there_text, store.url(name));
-      if (there.id == m.id || format::newer(age_of(there), age_of(m))) {
-        std::lock_guard<std::mutex> lock(mu_);
-        durable_.emplace(name, m.id);
-        return std::nullopt;
-      }
+    const Manifest there = format::parse_manifest(*there_text, store.url(name));
+    if (there.id == m.id || format::newer(age_of(there), age_of(m))) {
+      std::lock_guard<std::mutex> lock(mu_);
+      durable_.emplace(name, m.id);
+      return true;
     }
   } catch (const FormatError&) {
     // Not a valid snapshot there: replaced below.
   }
-  // 3. The shards; an older save of the name stops being listed before any of them changes.
-  if (replacing) store.client().delete_object(at.bucket, store.key(name, kManifestName));
-  DrainRecord record;
-  record.name = name;
-  record.id = m.id;
-  std::vector<std::string> files;
-  for (const FileRecord& f : m.files) {
-    upload_file(dir, f, store.key(name, f.name), record);
-    files.push_back(f.name);
-  }
-  // 4. The manifest last: from now on the snapshot is listed; then the older save's leftovers.
-  // Published only where no manifest is (If-None-Match), so that of two writers that drain the
-  // same name at once the second learns of the first instead of replacing it.
+  store.client().delete_object(store.location().bucket, store.key(name, kManifestName));
+  return false;
+}
+
+void Drain::publish_s3(const std::string& name, const std::string& text, const Manifest& m,
+                       DrainRecord& record) {
+  // From now on the snapshot is listed; then the older save's leftovers go. Published only
+  // where no manifest is (If-None-Match), so that of two writers that drain the same name at
+  // once the second learns of the first instead of replacing it.
+  const format::S3Root& store = *s3_;
+  const std::string& bucket = store.location().bucket;
   pace(text.size());
   try {
-    store.client().put_object(at.bucket, store.key(name, kManifestName), text.data(), text.size(),
+    store.client().put_object(bucket, store.key(name, kManifestName), text.data(), text.size(),
                               /*if_absent=*/true);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::kAlreadyExists) throw;
-    // A retry of this PUT whose first answer was lost finds its own manifest.
+    // A retry of this PUT whose first answer was lost (or, on node-local roots, another rank
+    // that completed the same save at once) finds the same manifest.
     if (store.manifest_text(name) != std::optional<std::string>(text)) {
       throw_error(ErrorCode::kAlreadyExists,
                   "drain: another writer published snapshot " + store.url(name) +
@@ -529,26 +561,152 @@ std::optional<DrainRecord> Drain::drain_one_s3(const format::SnapshotDir& dir,
     std::lock_guard<std::mutex> lock(mu_);
     durable_.emplace(name, m.id);
   }
+  std::vector<std::string> files;
+  for (const FileRecord& f : m.files) files.push_back(f.name);
   try {
     store.remove_other_objects(name, files);
   } catch (const Error&) {
     // Leftovers cost space only; the next replacement or removal of the name deletes them.
   }
   record.ok = true;
+}
+
+void Drain::copy_share(const format::SnapshotDir& dir, const Manifest& m,
+                       const std::set<std::string>& in_place,
+                       const std::function<bool(const FileRecord&)>& missing,
+                       const std::function<void(const FileRecord&, const format::OpenedFile&,
+                                                const std::string&)>& copy) {
+  // This rank's own files first, then the rest of the node's (those of ranks that are gone)
+  // starting at a place of its own, so that the node's ranks start apart.
+  const size_t n = m.files.size();
+  std::vector<const FileRecord*> order;
+  for (int own = 1; own >= 0; --own) {
+    for (size_t k = 0; k < n; ++k) {
+      const FileRecord& f = m.files[(k + static_cast<size_t>(config_.node_rank)) % n];
+      if ((f.rank == config_.node_rank) == (own == 1)) order.push_back(&f);
+    }
+  }
+  for (const FileRecord* f : order) {
+    if (stop_) throw Cancelled{};
+    if (in_place.count(f->name)) continue;
+    format::OpenedFile src;
+    try {
+      src = open_source(dir, *f);
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::kNotFound) continue;  // another node's file
+      throw;
+    }
+    // Held until the copy is in place: the node's other ranks skip the file meanwhile.
+    if (::flock(src.fd.get(), LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EWOULDBLOCK) continue;
+      detail::throw_sys_error(-errno, "lock " + dir.label(f->name));
+    }
+    if (missing(*f)) copy(*f, src, dir.label(f->name));
+  }
+}
+
+std::optional<DrainRecord> Drain::drain_share_s3(const format::SnapshotDir& dir,
+                                                 const std::string& text, const Manifest& m,
+                                                 const std::string& name) {
+  const auto started = Clock::now();
+  if (settled_s3(name, m)) return std::nullopt;
+  const format::S3Root& store = *s3_;
+  const std::string& bucket = store.location().bucket;
+  io::S3Client& client = store.client();
+  // A file of this save is in the store once its mark is: an empty object written after the
+  // file's upload completed (every chunk checked). The marks go with the older objects once
+  // the manifest is published.
+  const std::string marks = store.key(name, kUploadedPrefix + m.id) + "/";
+  auto uploaded = [&] {
+    std::set<std::string> names;
+    for (const io::S3Object& o : client.list(bucket, marks).objects) {
+      names.insert(o.key.substr(marks.size()));
+    }
+    return names;
+  };
+  DrainRecord record;
+  record.name = name;
+  record.id = m.id;
+  copy_share(
+      dir, m, uploaded(),
+      [&](const FileRecord& f) { return !client.head_object(bucket, marks + f.name); },
+      [&](const FileRecord& f, const format::OpenedFile& src, const std::string& label) {
+        upload_file(src, label, f, store.key(name, f.name), record);
+        client.put_object(bucket, marks + f.name, "", 0);
+      });
+  const std::set<std::string> done = uploaded();
+  const bool complete = std::all_of(m.files.begin(), m.files.end(),
+                                    [&](const FileRecord& f) { return done.count(f.name) != 0; });
+  if (!complete) return share_done(record);  // a rank still uploading publishes it
+  publish_s3(name, text, m, record);
   record.seconds = std::chrono::duration<double>(Clock::now() - started).count();
   return record;
 }
 
-void Drain::upload_file(const format::SnapshotDir& dir, const FileRecord& f, const std::string& key,
-                        DrainRecord& record) {
-  format::OpenedFile src;
-  try {
-    src = format::open_snapshot_file(dir, f.name, "shard");
-  } catch (const Error& e) {
-    if (e.code() == ErrorCode::kNotFound && dir.replaced()) throw Abandoned{};
-    throw;
+std::optional<DrainRecord> Drain::drain_share_dir(const format::SnapshotDir& dir,
+                                                  const std::string& text, const Manifest& m,
+                                                  const std::string& name) {
+  const auto started = Clock::now();
+  if (settled_dir(name, m)) return std::nullopt;
+  // Every rank copies into the same temporary directory (named by the save id): a file is in
+  // place once renamed to its name there, from a part file of the rank that copied it.
+  const std::string root = config_.durable_root.string();
+  const CommitPaths paths{root, root + "/" + format::temporary_name(name, m.id),
+                          (config_.durable_root / name).string()};
+  const int rc = engine_->mkdir(paths.temporary);
+  if (rc < 0 && rc != -EEXIST) detail::throw_sys_error(rc, "create directory " + paths.temporary);
+  auto present = [&](const FileRecord& f) {
+    struct stat st {};
+    return ::stat((paths.temporary + "/" + f.name).c_str(), &st) == 0 &&
+           static_cast<uint64_t>(st.st_size) == f.size;
+  };
+  std::set<std::string> in_place;
+  for (const FileRecord& f : m.files) {
+    if (present(f)) in_place.insert(f.name);
   }
-  const std::string label = dir.label(f.name);
+  DrainRecord record;
+  record.name = name;
+  record.id = m.id;
+  copy_share(
+      dir, m, in_place, [&](const FileRecord& f) { return !present(f); },
+      [&](const FileRecord& f, const format::OpenedFile& src, const std::string& label) {
+        const std::string part = paths.temporary + "/." + f.name + ".part-r" +
+                                 std::to_string(config_.node_rank);
+        ::unlink(part.c_str());  // a killed copy's
+        copy_file(src, label, f, part, record);
+        const int moved = engine_->rename(part, paths.temporary + "/" + f.name,
+                                          io::RenameMode::kNoReplace);
+        if (moved == -EEXIST) ::unlink(part.c_str());  // placed by another rank meanwhile
+        check(moved == -EEXIST ? 0 : moved, "rename " + part + " into place");
+      });
+  // Whoever finds every file in place commits, under the temporary directory's lock.
+  const io::UniqueFd lock(::open(paths.temporary.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!lock.valid() || ::flock(lock.get(), LOCK_EX) != 0 || settled_dir(name, m) ||
+      !std::all_of(m.files.begin(), m.files.end(), present)) {
+    return share_done(record);  // committed by another rank, or a rank still copying commits
+  }
+  for (const auto& e : fs::directory_iterator(paths.temporary)) {
+    if (e.path().filename().string().rfind('.', 0) == 0) ::unlink(e.path().c_str());  // parts
+  }
+  std::string leftover;
+  record.bytes += commit_directory(*engine_, paths, text, /*overwrite=*/true, &leftover);
+  {
+    std::lock_guard<std::mutex> lock_mu(mu_);
+    durable_.emplace(name, m.id);
+  }
+  record.ok = true;
+  record.seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  return record;
+}
+
+std::optional<DrainRecord> Drain::share_done(const DrainRecord& record) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.bytes += record.bytes;
+  return std::nullopt;
+}
+
+void Drain::upload_file(const format::OpenedFile& src, const std::string& label,
+                        const FileRecord& f, const std::string& key, DrainRecord& record) {
   const std::string target =
       s3_->location().str() + "/" +
       key.substr(s3_->location().prefix.empty() ? 0 : s3_->location().prefix.size() + 1);

@@ -35,6 +35,21 @@
 /// listed at the start and resumed (a part is kept when its size and MD5 match the local
 /// bytes); stale ones of the same key are aborted. Hard links do not apply there.
 ///
+/// Node-local roots (DrainConfig::node_rank >= 0, TierOptions::node_local): every rank of the
+/// group runs a drain, and a node's copy of a snapshot holds the full manifest but only the
+/// files of that node's ranks. A rank drains its share: each file of the manifest its node
+/// holds (its own first), claimed by a `flock` on the local file so that the node's ranks
+/// split them, skipped when already in place in the durable root, copied chunk-checked as
+/// above. Then it looks whether every file of the save is in place; the rank that finds so
+/// publishes the manifest (the last to complete a file always does; two at once publish the
+/// same bytes). "In place": object storage, a mark object written after the file's upload
+/// (`<name>/.uploaded-<id>/<file>`, removed with the older objects after the publication); a
+/// directory, the file renamed into `<durable>/.<name>.tmp-<id>/` (one temporary directory
+/// per save, shared by the ranks) from a part file, and the commit made under that
+/// directory's flock. No rank waits for another: a rank that dies leaves the save unpublished,
+/// and any later drain that holds the missing files (a restart, on any world size) completes
+/// and publishes it.
+///
 /// Hard links: a shard that an incremental save reused whole from an earlier snapshot
 /// (FileRecord::reused_from) is hard-linked from the durable tier's copy of that snapshot when
 /// it holds the same file (same size, header id and chunk hashes), else copied as bytes; so a
@@ -67,6 +82,9 @@ namespace tsnap::pipeline {
 
 /// Parts of one shard uploaded to object storage at once.
 inline constexpr int kUploadThreads = 4;
+/// Node-local roots on object storage: the marks of a save's uploaded files are the objects
+/// `<prefix>/<name>/.uploaded-<id>/<file>`.
+inline constexpr const char* kUploadedPrefix = ".uploaded-";
 
 /// What a Drain needs from its Snapshotter.
 struct DrainConfig {
@@ -80,6 +98,9 @@ struct DrainConfig {
   std::function<bool(const std::string&)> busy;
   /// The engine for the durable side (writes, fsyncs, renames); null: a pwrite engine.
   std::shared_ptr<io::Engine> engine;
+  /// Node-local roots (TierOptions::node_local): this rank's number in its group, or -1 when
+  /// the local root is one this drain owns alone. See "Node-local roots" above.
+  int node_rank = -1;
 };
 
 /// The drain thread; see the file comment.
@@ -128,9 +149,39 @@ class Drain {
   // Steps 2-4 for object storage.
   std::optional<DrainRecord> drain_one_s3(const format::SnapshotDir& dir, const std::string& text,
                                           const Manifest& m, const std::string& name);
-  // Uploads shard `f` of the local snapshot `dir` as `key`.
-  void upload_file(const format::SnapshotDir& dir, const FileRecord& f, const std::string& key,
-                   DrainRecord& record);
+  // Step 2: true when the durable root holds save `m` of `name` already, or a newer one (then
+  // it is known durable). Object storage: otherwise deletes the manifest of an older save.
+  bool settled_dir(const std::string& name, const Manifest& m);
+  bool settled_s3(const std::string& name, const Manifest& m);
+  // Step 4 for object storage: the manifest, then the older save's leftovers.
+  void publish_s3(const std::string& name, const std::string& text, const Manifest& m,
+                  DrainRecord& record);
+  // Node-local roots: this rank's share of a save, and the publication by whichever rank
+  // finds every file in place (see "Node-local roots" above).
+  std::optional<DrainRecord> drain_share_s3(const format::SnapshotDir& dir,
+                                            const std::string& text, const Manifest& m,
+                                            const std::string& name);
+  std::optional<DrainRecord> drain_share_dir(const format::SnapshotDir& dir,
+                                             const std::string& text, const Manifest& m,
+                                             const std::string& name);
+  // Calls `copy` for each file of `m` that this node holds, is not `in_place`, is not locked
+  // by another rank of the node (flock on the local file, held during the copy) and is still
+  // `missing` once locked; this rank's own files first.
+  void copy_share(const format::SnapshotDir& dir, const Manifest& m,
+                  const std::set<std::string>& in_place,
+                  const std::function<bool(const FileRecord&)>& missing,
+                  const std::function<void(const FileRecord&, const format::OpenedFile&,
+                                           const std::string&)>& copy);
+  // A share copied but not published: its bytes are counted; nothing to report.
+  std::optional<DrainRecord> share_done(const DrainRecord& record);
+  // Opens shard `f` of the local snapshot (Abandoned when the snapshot was replaced).
+  format::OpenedFile open_source(const format::SnapshotDir& dir, const FileRecord& f) const;
+  // Copies shard `f` from `src` into the new file `to`, each chunk checked before it is written.
+  void copy_file(const format::OpenedFile& src, const std::string& label, const FileRecord& f,
+                 const std::string& to, DrainRecord& record);
+  // Uploads shard `f` from `src` as `key`, each chunk checked before it leaves.
+  void upload_file(const format::OpenedFile& src, const std::string& label, const FileRecord& f,
+                   const std::string& key, DrainRecord& record);
   void keep_last(DrainRecord& record);
   void pace(uint64_t bytes);
   void notify(const DrainRecord& record);

@@ -583,7 +583,19 @@ std::exception_ptr SaveJob::coordinate(std::exception_ptr error, uint64_t* manif
       } catch (const Error&) {
         // Rank 0 then waits for this rank until its timeout; the outcome stands.
       }
-      if (!outcome.empty()) return error_from_json(nlohmann::json::parse(outcome));
+      if (!outcome.empty()) {
+        const nlohmann::json verdict = nlohmann::json::parse(outcome);
+        if (!verdict.contains("manifest")) return error_from_json(verdict);
+        // Node-local roots: rank 0 committed its node's copy; this node's comes next.
+        try {
+          *manifest_bytes = commit_node_copy(res_.host->engine(), paths_,
+                                             verdict.at("manifest").get<std::string>(), id,
+                                             overwrite_, leftover);
+        } catch (...) {
+          keep_temporary_ = true;  // another rank of this node may still commit it
+          throw;
+        }
+      }
       hot_commit([&] { return manifest(true); });
       return nullptr;
     }
@@ -594,6 +606,7 @@ std::exception_ptr SaveJob::coordinate(std::exception_ptr error, uint64_t* manif
     }
     c.publish(id, report.dump());
     bool everyone_reported = false;
+    std::string committed;  // the verdict of a commit: "" (one shared directory) or the manifest
     try {
       const Clock::time_point w0 = Clock::now();
       std::vector<std::string> reports = c.gather(id);
@@ -601,10 +614,12 @@ std::exception_ptr SaveJob::coordinate(std::exception_ptr error, uint64_t* manif
       coordinate_s_ = seconds(Clock::now() - w0);
       std::string text = merge_parts(reports, metadata_);
       *manifest_bytes = commit_directory(res_.host->engine(), paths_, text, overwrite_, leftover);
+      // Node-local roots: every other node commits its own copy with the same manifest.
+      if (res_.options.tier.node_local) committed = nlohmann::json{{"manifest", text}}.dump();
     } catch (...) {
       error = std::current_exception();
     }
-    c.decide(id, error ? error_json(error).dump() : std::string());
+    c.decide(id, error ? error_json(error).dump() : committed);
     if (!error) hot_commit([&] { return manifest(true); });
     // Rank 0 may host the store: the others must read the verdict before it can end.
     const int readers = everyone_reported ? c.world_size() - 1 : c.reported_others(id);

@@ -189,6 +189,12 @@ Snapshotter::Impl::Impl(SnapshotterOptions options) {
   request.io_threads = o.io.threads;
   res.host = io::host_for_save(request, o.io.direct_io, o.root.string());
   if (o.staging.budget_bytes > 0) make_pool(o.staging.budget_bytes);
+  if (o.group && o.tier.node_local && o.tier.durable_root.empty()) {
+    // A node's copy holds its ranks' files only: nothing would ever hold the snapshot whole.
+    throw_error(ErrorCode::kInvalidArgument,
+                "tier.node_local needs tier.durable_root: a snapshot on node-local roots is "
+                "whole only once drained there");
+  }
   if (!o.tier.durable_root.empty()) start_drain();
 }
 
@@ -205,9 +211,12 @@ void Snapshotter::Impl::start_drain() {
                 "durable_root " + o.tier.durable_root.string() + " is the root itself");
   }
   // A group's snapshots are one shared directory, each committed by rank 0: rank 0 alone
-  // drains them (every rank's files), the others have no drain.
-  if (o.group && o.group->rank() != 0) return;
+  // drains them (every rank's files), the others have no drain. On node-local roots every rank
+  // drains what its node holds.
+  const bool node_local = o.group && o.tier.node_local;
+  if (o.group && o.group->rank() != 0 && !node_local) return;
   pipeline::DrainConfig config;
+  if (node_local) config.node_rank = o.group->rank();
   config.local_root = o.root;
   config.durable_root = o.tier.durable_root;
   config.bytes_per_second = o.tier.bytes_per_second;
@@ -658,6 +667,8 @@ std::optional<fs::path> Snapshotter::latest() const {
 }
 
 const fs::path& Snapshotter::durable_root() const { return impl_->res.options.tier.durable_root; }
+
+const TierOptions& Snapshotter::tier() const { return impl_->res.options.tier; }
 
 void Snapshotter::drain_wait() {
   impl_->owner.check("this Snapshotter");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <sys/stat.h>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
@@ -13,6 +14,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "common/hidden.h"
@@ -99,6 +101,10 @@ struct TSNAP_HIDDEN PeriodicSnapshots::Impl {
 
   // Drain thread (a two-tier Snapshotter): retention of both tiers after each drain.
   void on_drained(const DrainRecord& record);
+  // Distributed resume: every rank reports the snapshots (name, save id) it can resume from,
+  // newest first; rank 0 picks the first of its own that every rank reported. nullopt: none.
+  std::optional<std::pair<std::string, std::string>> agree_on_resume(
+      const std::vector<std::pair<std::string, std::string>>& usable);
 
   detail::OwnerProcess owner;
   Snapshotter& snapshotter;
@@ -146,6 +152,10 @@ struct TSNAP_HIDDEN PeriodicSnapshots::Impl {
 };
 
 namespace {
+
+// The name under which the ranks agree on the snapshot to resume from (no snapshot's name
+// holds a '/').
+constexpr const char* kResumeAgreement = "/resume";
 
 void wait_quietly(const SaveHandle& handle) {
   try {
@@ -366,12 +376,16 @@ void PeriodicSnapshots::Impl::on_drained(const DrainRecord& record) {
     } catch (const std::exception& e) {
       log("tsnap: durable retention after " + record.name + " stopped: " + e.what());
     }
-    try {
-      deleted_local = policy::apply_retention(
-          snapshotter.root(), schedule, *step, {},
-          [this](const std::string& name) { return snapshotter.drained(name); });
-    } catch (const std::exception& e) {
-      log("tsnap: local retention after " + record.name + " stopped: " + e.what());
+    // Node-local roots: the rank that published is on one node of many; every node's drain
+    // keeps tier.local_keep_last of its own.
+    if (!(coord && snapshotter.tier().node_local)) {
+      try {
+        deleted_local = policy::apply_retention(
+            snapshotter.root(), schedule, *step, {},
+            [this](const std::string& name) { return snapshotter.drained(name); });
+      } catch (const std::exception& e) {
+        log("tsnap: local retention after " + record.name + " stopped: " + e.what());
+      }
     }
   }
   for (const std::string& name : record.deleted_local) deleted_local.push_back(name);
@@ -494,12 +508,33 @@ PeriodicSnapshots::~PeriodicSnapshots() {
   if (impl_ && impl_->owner.forked()) (void)impl_.release();
 }
 
+namespace {
+
+struct Candidate {
+  format::SnapshotAge age;
+  std::filesystem::path path;
+  std::string name, id;
+  bool local = false;  // under the Snapshotter's own root
+};
+
+// Whether every file of a local candidate is there: on node-local roots a node's copy holds
+// only its ranks' files, and is loaded from only where it holds them all.
+bool complete_here(const Candidate& c, const Manifest& m) {
+  if (!c.local) return true;  // committed in the durable root: complete
+  for (const FileRecord& f : m.files) {
+    struct stat st {};
+    if (::stat((c.path / f.name).c_str(), &st) != 0 ||
+        static_cast<uint64_t>(st.st_size) != f.size) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 int64_t PeriodicSnapshots::resume(const ApplyCheckpoint& apply) {
   Impl& m = *impl_;
-  struct Candidate {
-    format::SnapshotAge age;
-    std::filesystem::path path;
-  };
   std::vector<Candidate> candidates;
   // Both tiers of a two-tier Snapshotter: the local one first, so that it wins a tie (the same
   // snapshot in both), and the durable copy is the fallback when the local one fails to load.
@@ -524,31 +559,111 @@ int64_t PeriodicSnapshots::resume(const ApplyCheckpoint& apply) {
       }
       const format::SnapshotAge age{format::step_of(l.manifest->metadata),
                                     l.manifest->created_unix_ns};
-      if (age.step) candidates.push_back({age, l.path});  // only periodic snapshots resume
+      if (!age.step) continue;  // only periodic snapshots resume
+      Candidate c{age, l.path, l.name, l.manifest->id, root == roots.front()};
+      if (!complete_here(c, *l.manifest)) continue;
+      candidates.push_back(std::move(c));
     }
   }
   std::stable_sort(candidates.begin(), candidates.end(),
                    [](const Candidate& a, const Candidate& b) {
                      return format::newer(a.age, b.age);  // the order of tsnap::latest()
                    });
-  for (const Candidate& c : candidates) {
-    std::optional<Checkpoint> checkpoint;
+  auto label = [&](const Candidate& c) {
+    return roots.size() > 1 ? c.path.string() : c.path.filename().string();
+  };
+  // The newest candidate that loads (a corrupt one is skipped, as on every rank alike).
+  std::optional<Checkpoint> checkpoint;
+  size_t loaded = candidates.size();
+  for (size_t i = 0; i < candidates.size() && !checkpoint; ++i) {
     try {
-      checkpoint = load_checkpoint(c.path);
+      checkpoint = load_checkpoint(candidates[i].path);
+      loaded = i;
     } catch (const Error& e) {
-      m.log("tsnap: resume skips " + c.path.filename().string() + ": " + e.what());
-      continue;
+      m.log("tsnap: resume skips " + candidates[i].path.filename().string() + ": " + e.what());
     }
-    apply(*checkpoint);
-    const int64_t step = *c.age.step;
-    m.last_step = step;
-    m.log("tsnap: resumed from " +
-          (roots.size() > 1 ? c.path.string() : c.path.filename().string()) + " (step " +
-          std::to_string(step) + ")");
-    return step;
   }
-  m.log("tsnap: nothing to resume under " + m.snapshotter.root().string() + ", starting at 0");
-  return 0;
+  if (m.coord) {
+    // Ranks may see different snapshots (node-local roots, a lost disk, a corrupt copy): they
+    // agree on the newest that every rank has from the one it loaded on, and a rank that
+    // loaded a newer one loads that instead.
+    std::vector<std::pair<std::string, std::string>> usable;
+    for (size_t i = loaded; i < candidates.size(); ++i) {
+      usable.emplace_back(candidates[i].name, candidates[i].id);
+    }
+    const std::optional<std::pair<std::string, std::string>> chosen = m.agree_on_resume(usable);
+    if (!chosen) {
+      checkpoint.reset();
+      loaded = candidates.size();
+    } else if (loaded == candidates.size() || candidates[loaded].name != chosen->first ||
+               candidates[loaded].id != chosen->second) {
+      auto it = std::find_if(candidates.begin() + static_cast<std::ptrdiff_t>(loaded),
+                             candidates.end(), [&](const Candidate& c) {
+                               return c.name == chosen->first && c.id == chosen->second;
+                             });
+      // Present: the agreement took it from this rank's own list.
+      loaded = static_cast<size_t>(it - candidates.begin());
+      try {
+        checkpoint = load_checkpoint(it->path);
+      } catch (const Error& e) {
+        throw_error(ErrorCode::kPeerFailed,
+                    "resume: rank " + std::to_string(m.coord->rank()) +
+                        " cannot load " + label(*it) + ", the newest snapshot every rank has: " +
+                        e.what());
+      }
+    }
+  }
+  if (!checkpoint) {
+    m.log("tsnap: nothing to resume under " + m.snapshotter.root().string() + ", starting at 0");
+    return 0;
+  }
+  const Candidate& c = candidates[loaded];
+  apply(*checkpoint);
+  const int64_t step = *c.age.step;
+  m.last_step = step;
+  m.log("tsnap: resumed from " + label(c) + " (step " + std::to_string(step) + ")");
+  return step;
+}
+
+std::optional<std::pair<std::string, std::string>> PeriodicSnapshots::Impl::agree_on_resume(
+    const std::vector<std::pair<std::string, std::string>>& usable) {
+  using Choice = std::pair<std::string, std::string>;
+  dist::Coordinator& c = *coord;
+  const std::string id = c.save_id(kResumeAgreement);
+  c.publish(id, nlohmann::json(usable).dump());
+  if (c.rank() != 0) {
+    const nlohmann::json verdict = nlohmann::json::parse(c.outcome(id));
+    try {
+      c.acknowledge(id);
+    } catch (const Error&) {
+      // Rank 0 then waits for this rank until its timeout; the verdict stands.
+    }
+    if (verdict.is_null()) return std::nullopt;
+    return verdict.get<Choice>();
+  }
+  std::optional<Choice> chosen;
+  try {
+    std::vector<std::set<Choice>> others;
+    for (const std::string& report : c.gather(id)) {
+      others.push_back(nlohmann::json::parse(report).get<std::set<Choice>>());
+    }
+    for (const Choice& mine : usable) {
+      if (std::all_of(others.begin(), others.end(),
+                      [&](const std::set<Choice>& o) { return o.count(mine) != 0; })) {
+        chosen = mine;
+        break;
+      }
+    }
+  } catch (...) {
+    c.decide(id, "null");  // the others resume from nothing rather than wait for their timeout
+    throw;
+  }
+  c.decide(id, chosen ? nlohmann::json(*chosen).dump() : "null");
+  c.await_acknowledgements(id, c.world_size() - 1);
+  if (!chosen) {
+    log("tsnap: no snapshot is complete for every rank (on its node or in the durable root)");
+  }
+  return chosen;
 }
 
 void PeriodicSnapshots::Impl::prepare() {

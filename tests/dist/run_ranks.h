@@ -41,9 +41,10 @@ struct Ranks {
 };
 
 // Runs `world` ranks of `scenario` with the snapshot root `<dir>/root`; kills them all if they
-// have not ended within `limit`.
+// have not ended within `limit`. Each rank runs the test `entry` of this program.
 inline Ranks run_ranks(const std::string& scenario, int world, const std::filesystem::path& dir,
-                       int timeout_ms, std::chrono::seconds limit = std::chrono::seconds(60)) {
+                       int timeout_ms, std::chrono::seconds limit = std::chrono::seconds(60),
+                       const std::string& entry = "DistRank.Run") {
   const std::string port = std::to_string(free_port());
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
@@ -59,8 +60,8 @@ inline Ranks run_ranks(const std::string& scenario, int world, const std::filesy
       const std::string err = (dir / ("rank-" + std::to_string(r) + ".err")).string();
       const int fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (fd >= 0) ::dup2(fd, STDERR_FILENO);
-      execl("/proc/self/exe", "dist_test", "--gtest_filter=DistRank.Run", "--gtest_brief=1",
-            nullptr);
+      const std::string filter = "--gtest_filter=" + entry;
+      execl("/proc/self/exe", "dist_test", filter.c_str(), "--gtest_brief=1", nullptr);
       _exit(127);
     }
     pids.push_back(pid);
