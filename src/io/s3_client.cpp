@@ -434,15 +434,25 @@ std::string S3Url::str() const { return s3_name(bucket, prefix); }
 // ---- the client ---------------------------------------------------------------------------
 
 // Idle curl handles; each keeps its connections alive for the next request.
+// A child made by fork() inherits the idle handles, whose connections are the parent's sockets:
+// used by both processes, each would read answers meant for the other. The first call in the
+// child drops them unused (a clean-up could send a TLS close_notify on the parent's
+// connection), so the child opens its own.
 struct S3Client::Pool {
   std::mutex mu;
   std::vector<CURL*> idle;
+  pid_t owner = ::getpid();  // the process the idle handles belong to
   ~Pool() {
+    if (owner != ::getpid()) return;
     for (CURL* h : idle) curl_easy_cleanup(h);
   }
   CURL* acquire() {
     {
       std::lock_guard<std::mutex> lock(mu);
+      if (owner != ::getpid()) {
+        idle.clear();  // the parent's, left alone (a few handles per fork)
+        owner = ::getpid();
+      }
       if (!idle.empty()) {
         CURL* h = idle.back();
         idle.pop_back();
@@ -456,7 +466,7 @@ struct S3Client::Pool {
   void release(CURL* h) {
     curl_easy_reset(h);  // drops the pointers into the finished request; keeps connections
     std::lock_guard<std::mutex> lock(mu);
-    idle.push_back(h);
+    if (owner == ::getpid()) idle.push_back(h);
   }
 };
 

@@ -111,7 +111,9 @@ std::string md5_hex(const void* data, size_t n);
 
 /// A connection to one S3 endpoint with one set of credentials.
 /// Thread-safety: every method may be called from any number of threads at once; each call
-/// borrows a curl handle from a pool (whose connections are kept alive between calls).
+/// borrows a curl handle from a pool (whose connections are kept alive between calls). A child
+/// process made by fork() may go on using a client made before: it opens connections of its
+/// own and leaves the parent's alone.
 /// Ownership: owns its handles; destroy it only when no call is running. Calls block the
 /// calling thread until done (retries included).
 class S3Client {

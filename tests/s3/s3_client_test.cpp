@@ -7,7 +7,9 @@
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -295,6 +297,61 @@ TEST_F(S3ClientTest, ConcurrentCallsOnOneClient) {
   }
   for (auto& th : threads) th.join();
   for (int t = 0; t < 8; ++t) EXPECT_EQ(ok[t], 10) << t;
+}
+
+// A process forked from one whose client holds kept-alive connections (S3 and LocalStack keep
+// them open; moto closes each) makes connections of its own: parent and child calling at once
+// each get their own answers, never the other's or a part of it.
+TEST_F(S3ClientTest, AForkedChildUsesConnectionsOfItsOwn) {
+  std::vector<std::string> data;
+  for (int i = 0; i < 4; ++i) {
+    data.push_back(random_bytes(64 * 1024 + i, 40 + i));
+    client_->put_object(bucket_, "f" + std::to_string(i), data[i].data(), data[i].size());
+  }
+  // How many reads returned other bytes than the object's; throws what the client threw.
+  const auto read_all = [&] {
+    int wrong = 0;
+    for (int round = 0; round < 25; ++round) {
+      for (int i = 0; i < 4; ++i) {
+        std::string got(data[i].size(), '\0');
+        client_->get_range(bucket_, "f" + std::to_string(i), 0, got.data(), got.size());
+        wrong += got != data[i];
+        if (client_->list(bucket_, "f").objects.size() != 4) ++wrong;
+      }
+    }
+    return wrong;
+  };
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int status = 2;  // the client threw
+    try {
+      status = read_all() == 0 ? 0 : 1;
+    } catch (...) {
+    }
+    ::_exit(status);
+  }
+  int wrong = -1;
+  std::string error;
+  try {
+    wrong = read_all();
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  int status = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (::waitpid(child, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(child, SIGKILL);
+      ::waitpid(child, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(wrong, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child did not finish within 120 s";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child read wrong answers (1) or its client threw (2)";
 }
 
 // The conditional requests moto honours as S3 does: a PUT with If-None-Match: * stores nothing

@@ -492,12 +492,27 @@ TEST_F(S3Tier, ADrainKilledMidUploadIsResumedAndNeverListedHalfDone) {
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
-    SnapshotterOptions o = options(local.path(), durable);
-    o.tier.bytes_per_second = 8 << 20;  // 5 s for the whole file
-    Snapshotter snap(o);
-    snap.drain_wait();
-    ::_exit(0);
+    int status = 0;
+    try {  // nothing may escape into the test framework's copy in this process
+      SnapshotterOptions o = options(local.path(), durable);
+      o.tier.bytes_per_second = 8 << 20;  // 5 s for the whole file
+      Snapshotter snap(o);
+      snap.drain_wait();
+    } catch (...) {
+      status = 1;
+    }
+    ::_exit(status);
   }
+  // Killed and reaped however this test ends.
+  struct Reaper {
+    pid_t pid;
+    ~Reaper() {
+      if (pid <= 0) return;
+      ::kill(pid, SIGKILL);
+      int status = 0;
+      ::waitpid(pid, &status, 0);
+    }
+  } reaper{child};
   io::S3Client client(config_);
   bool parts_seen = false;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -511,6 +526,7 @@ TEST_F(S3Tier, ADrainKilledMidUploadIsResumedAndNeverListedHalfDone) {
   ::kill(child, SIGKILL);
   int status = 0;
   ::waitpid(child, &status, 0);
+  reaper.pid = 0;
   ASSERT_TRUE(parts_seen) << "the child uploaded no part within 60 s";
   for (const Listed& l : list(durable)) EXPECT_FALSE(l.committed) << l.name;
 
