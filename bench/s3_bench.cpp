@@ -8,6 +8,9 @@
 //   restore   tsnap::load of the drained snapshot (verified ranged GETs into a local copy, then
 //             the local load) against raw parallel ranged GETs of the same bytes into memory
 //             (16 MiB ranges, 8 threads, as the fetch);
+//   boto3     the same shard files uploaded by boto3's transfer manager as `aws s3 cp
+//             --recursive` does (16 MiB parts, 4 in flight; bench/boto3_upload.py run by the
+//             Python of --boto3-python, the test server's environment by default);
 //   stall     save_async's stall alone, and while the previous snapshot drains.
 // Medians of --reps. Usage:
 //   eval "$(scripts/s3-server.sh start)"
@@ -75,6 +78,25 @@ double raw_download(tsnap::io::S3Client& c, const std::string& bucket, const std
   return since(t0);
 }
 
+// Seconds bench/boto3_upload.py took to upload the shard files of snapshot directory `dir`.
+double boto3_upload(const std::string& python, const std::string& bucket, const std::string& prefix,
+                    const fs::path& dir) {
+  std::string command = python + " " TSNAP_SOURCE_DIR "/bench/boto3_upload.py " + bucket + " " +
+                        prefix;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().filename() != "MANIFEST.json") command += " " + e.path().string();
+  }
+  FILE* p = ::popen(command.c_str(), "r");
+  double seconds = 0;
+  if (p == nullptr || std::fscanf(p, "%lf", &seconds) != 1) seconds = 0;
+  if (p != nullptr && ::pclose(p) != 0) seconds = 0;
+  if (seconds <= 0) {
+    std::fprintf(stderr, "boto3 upload failed: %s\n", command.c_str());
+    std::exit(1);
+  }
+  return seconds;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -86,6 +108,8 @@ int main(int argc, char** argv) {
   app.add_option("--local", local, "The local tier's directory");
   app.add_option("--mib", mib, "State size in MiB (8 fp32 tensors)")->check(CLI::Range(16, 65536));
   app.add_option("--reps", reps, "Repetitions")->check(CLI::Range(1, 100));
+  std::string boto3_python = TSNAP_SOURCE_DIR "/.venv-s3/bin/python";
+  app.add_option("--boto3-python", boto3_python, "A Python with boto3 (empty: no boto3 row)");
   CLI11_PARSE(app, argc, argv);
 
   auto client = tsnap::format::s3_client();
@@ -98,7 +122,8 @@ int main(int argc, char** argv) {
   std::vector<uint8_t> raw(bytes);
   for (uint64_t i = 0; i < bytes; i += 4096) raw[i] = static_cast<uint8_t>(i >> 12);
 
-  std::vector<double> drain_s, raw_up, raw_up2, load_s, raw_down, stall_alone, stall_draining;
+  std::vector<double> drain_s, raw_up, raw_up2, boto3_up, load_s, raw_down, stall_alone,
+      stall_draining;
   std::printf("endpoint %s, %s, %.0f MiB per snapshot, %d reps\n",
               client->config().endpoint.c_str(), durable.c_str(), bytes / 1048576.0, reps);
   {
@@ -126,6 +151,10 @@ int main(int argc, char** argv) {
       stall_draining.push_back(during.stats().stall_s);
       during.wait();
       snap.drain_wait();
+      if (!boto3_python.empty()) {
+        boto3_up.push_back(boto3_upload(boto3_python, bucket, prefix + "-boto3",
+                                        fs::path(local) / name));
+      }
       const auto t0 = Clock::now();
       (void)tsnap::load(durable + "/" + name);
       load_s.push_back(since(t0));
@@ -151,6 +180,10 @@ int main(int argc, char** argv) {
               tsnap::pipeline::kUploadThreads, median(raw_up), gb / median(raw_up));
   std::printf("| raw multipart upload, %d parts in flight | %.3f | %.2f |\n",
               2 * tsnap::pipeline::kUploadThreads, median(raw_up2), gb / median(raw_up2));
+  if (!boto3_up.empty()) {
+    std::printf("| boto3 transfer manager (aws s3 cp: 16 MiB parts, 4 in flight) | %.3f | %.2f |\n",
+                median(boto3_up), gb / median(boto3_up));
+  }
   std::printf("| tsnap::load from the store | %.3f | %.2f |\n", median(load_s),
               gb / median(load_s));
   std::printf("| raw ranged GETs, %d in flight | %.3f | %.2f |\n", tsnap::restore::kFetchThreads,
@@ -159,6 +192,9 @@ int main(int argc, char** argv) {
   std::printf("| save_async stall, the previous snapshot draining | %.3f | |\n",
               median(stall_draining));
   std::printf("drain / best raw upload: %.2f (target >= 0.9)\n", up / median(drain_s));
+  if (!boto3_up.empty()) {
+    std::printf("drain / boto3: %.2f (target >= 1.0)\n", median(boto3_up) / median(drain_s));
+  }
   std::printf("load / raw ranged GETs: %.2f (target >= 0.9)\n", median(raw_down) / median(load_s));
   std::printf("stall while draining / alone: %.2f\n", median(stall_draining) / median(stall_alone));
   return 0;

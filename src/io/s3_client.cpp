@@ -37,6 +37,7 @@ struct Request {
   const void* body = nullptr;  // PUT/POST payload, borrowed
   size_t body_size = 0;
   bool data_body = false;            // object data: UNSIGNED-PAYLOAD and Content-MD5 (else hashed)
+  std::string md5_base64, md5_hex;   // object data: its MD5, computed once for every attempt
   std::vector<std::string> headers;  // extra, "lower-case-name: value" (all signed)
   void* out = nullptr;               // ranged GET: the 206 body goes here...
   size_t out_size = 0;               // ...at most this many bytes
@@ -107,17 +108,20 @@ std::string system_ca_bundle() {
   return "";
 }
 
-// MD5 (Content-MD5, ETags) or SHA-256 (x-amz-content-sha256) of a buffer.
-std::string digest(const EVP_MD* md, const void* data, size_t n, bool base64) {
+// MD5 (Content-MD5, ETags) or SHA-256 (x-amz-content-sha256) of a buffer, in hex and, when
+// `base64` is given, in base64 there too.
+std::string digest(const EVP_MD* md, const void* data, size_t n, std::string* base64 = nullptr) {
   unsigned char d[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   if (EVP_Digest(data, n, d, &len, md, nullptr) != 1) {
     throw_error(ErrorCode::kInternal, "OpenSSL could not compute a digest");
   }
-  if (!base64) return detail::hex_bytes(d, len);
-  unsigned char b64[4 * ((EVP_MAX_MD_SIZE + 2) / 3) + 1];
-  const int m = EVP_EncodeBlock(b64, d, static_cast<int>(len));
-  return std::string(reinterpret_cast<char*>(b64), static_cast<size_t>(m));
+  if (base64 != nullptr) {
+    unsigned char b64[4 * ((EVP_MAX_MD_SIZE + 2) / 3) + 1];
+    const int m = EVP_EncodeBlock(b64, d, static_cast<int>(len));
+    base64->assign(reinterpret_cast<char*>(b64), static_cast<size_t>(m));
+  }
+  return detail::hex_bytes(d, len);
 }
 
 // SigV4's UriEncode: every byte but A-Z a-z 0-9 - _ . ~ (and '/' in paths) as %XX.
@@ -509,10 +513,12 @@ Response S3Client::perform(const Request& q) {
   std::vector<std::string> headers = q.headers;
   if (q.data_body) {
     headers.push_back("x-amz-content-sha256: UNSIGNED-PAYLOAD");
-    headers.push_back("content-md5: " + digest(EVP_md5(), q.body, q.body_size, true));
+    headers.push_back("content-md5: " + q.md5_base64);
   } else if (q.body_size > 0) {
-    headers.push_back("x-amz-content-sha256: " + digest(EVP_sha256(), q.body, q.body_size, false));
-    headers.push_back("content-md5: " + digest(EVP_md5(), q.body, q.body_size, true));
+    headers.push_back("x-amz-content-sha256: " + digest(EVP_sha256(), q.body, q.body_size));
+    std::string md5;
+    (void)digest(EVP_md5(), q.body, q.body_size, &md5);
+    headers.push_back("content-md5: " + md5);
   } else {
     headers.push_back(std::string("x-amz-content-sha256: ") + kEmptySha256);
   }
@@ -646,7 +652,7 @@ void check_etag(const S3Config& config, const Request& q, const Response& r) {
   std::string etag = r.etag;
   std::transform(etag.begin(), etag.end(), etag.begin(),
                  [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  const std::string md5 = digest(EVP_md5(), q.body, q.body_size, false);
+  const std::string& md5 = q.md5_hex;
   if (etag != md5) {
     fail(config, q, ErrorCode::kHashMismatch,
          "the ETag returned, '" + r.etag + "', is not the MD5 of the bytes sent (" + md5 +
@@ -661,6 +667,7 @@ Request data_request(const char* method, std::string op, const std::string& buck
   q.body_size = n;
   q.data_body = true;
   q.content_type = "application/octet-stream";
+  q.md5_hex = digest(EVP_md5(), data, n, &q.md5_base64);
   return q;
 }
 
@@ -914,6 +921,6 @@ void S3Client::create_bucket(const std::string& bucket) {
   check(config_, q, r);
 }
 
-std::string md5_hex(const void* data, size_t n) { return digest(EVP_md5(), data, n, false); }
+std::string md5_hex(const void* data, size_t n) { return digest(EVP_md5(), data, n); }
 
 }  // namespace tsnap::io
