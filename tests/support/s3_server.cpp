@@ -60,11 +60,14 @@ S3Server::S3Server() {
   region_ = vars["AWS_REGION"];
   access_key_ = vars["AWS_ACCESS_KEY_ID"];
   secret_key_ = vars["AWS_SECRET_ACCESS_KEY"];
+  name_ = vars["TSNAP_S3_SERVER"];
   if (status != 0 || endpoint_.empty() || access_key_.empty() || secret_key_.empty()) {
-    why_ =
-        "no S3 test server (scripts/s3-server.sh install sets one up): scripts/s3-server.sh "
-        "start exited " +
-        std::to_string(status) + ":\n" + out;
+    const char* chosen = std::getenv("TSNAP_S3_SERVER");
+    const std::string env = chosen != nullptr && *chosen != '\0'
+                                ? std::string("TSNAP_S3_SERVER=") + chosen + " "
+                                : std::string();
+    why_ = "no S3 test server (" + env + "scripts/s3-server.sh install sets one up): " + env +
+           "scripts/s3-server.sh start exited " + std::to_string(status) + ":\n" + out;
     return;
   }
   available_ = true;
