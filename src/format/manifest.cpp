@@ -10,7 +10,7 @@
 
 #include "format/manifest_io.h"
 #include "format/open_file.h"
-#include "format/s3_root.h"
+#include "format/storage_root.h"
 #include "io/fd.h"
 #include "tsnap/error.h"
 
@@ -50,7 +50,7 @@ uint64_t Manifest::total_bytes() const {
 
 namespace format {
 
-Manifest read_manifest_in(const SnapshotDir& dir) {
+std::string manifest_text_in(const SnapshotDir& dir) {
   const std::string name = dir.label(kManifestName);
   const OpenedFile f = open_snapshot_file(dir, kManifestName, "manifest");
   const uint64_t size = f.size();
@@ -67,17 +67,18 @@ Manifest read_manifest_in(const SnapshotDir& dir) {
     throw_error(ErrorCode::kIo, "read " + name + " failed: " + std::strerror(e), e);
   }
   text.resize(static_cast<size_t>(got));
-  return parse_manifest(text, name);
+  return text;
+}
+
+Manifest read_manifest_in(const SnapshotDir& dir) {
+  return parse_manifest(manifest_text_in(dir), dir.label(kManifestName));
 }
 
 }  // namespace format
 
 Manifest read_manifest(const std::filesystem::path& dir) {
-  if (format::is_s3(dir)) {
-    const auto [root, name] = format::S3Root::of_snapshot(dir.native());
-    return root.read_manifest(name);
-  }
-  return format::read_manifest_in(format::SnapshotDir::open(dir));
+  const auto [root, name] = format::StorageRoot::of_snapshot(dir);
+  return root->read_manifest(name);
 }
 
 }  // namespace tsnap

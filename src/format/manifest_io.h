@@ -28,6 +28,9 @@ void check_manifest_readable(std::string_view text);
 
 struct SnapshotDir;
 
+/// The exact bytes of the MANIFEST.json of `dir` (opened relative to it). Errors: as
+/// tsnap::read_manifest, but for parsing.
+std::string manifest_text_in(const SnapshotDir& dir);
 /// Reads and parses the MANIFEST.json of `dir` (opened relative to it). Errors: as
 /// tsnap::read_manifest.
 Manifest read_manifest_in(const SnapshotDir& dir);

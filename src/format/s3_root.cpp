@@ -112,32 +112,34 @@ std::optional<std::string> S3Root::manifest_text(const std::string& name) const 
   }
 }
 
-std::map<std::string, uint64_t> S3Root::object_sizes(const std::string& name) const {
+std::map<std::string, uint64_t> S3Root::file_sizes(const std::string& name) const {
   const std::string base = url_.key(name + "/");
   std::map<std::string, uint64_t> sizes;
   for (const io::S3Object& o : client_->list(url_.bucket, base).objects) {
-    sizes.emplace(o.key.substr(base.size()), o.size);
+    const std::string file = o.key.substr(base.size());
+    if (file.find('/') == std::string::npos) sizes.emplace(file, o.size);
   }
   return sizes;
 }
 
-Manifest S3Root::read_manifest(const std::string& name) const {
-  const std::string label = url(name) + "/" + kManifestName;
-  std::optional<std::string> text = manifest_text(name);
-  if (!text) throw_error(ErrorCode::kNotFound, label + " does not exist");
-  return parse_manifest(*text, label);
+void S3Root::read(const std::string& name, const std::string& file, uint64_t offset, void* out,
+                  size_t n) const {
+  client_->get_range(url_.bucket, key(name, file), offset, out, n);
 }
 
-void S3Root::remove(const std::string& name) const {
+std::filesystem::path S3Root::remove(
+    const std::string& name, const std::function<void(const std::filesystem::path&)>& unlisted) const {
   const std::string base = url_.key(name + "/");
   const io::S3Listing listing = client_->list(url_.bucket, base);
   if (listing.objects.empty()) {
     throw_error(ErrorCode::kNotFound, "snapshot " + url(name) + " does not exist");
   }
   client_->delete_object(url_.bucket, key(name, kManifestName));  // no longer committed
+  if (unlisted) unlisted(locate(name));
   std::vector<std::string> keys;
   for (const io::S3Object& o : listing.objects) keys.push_back(o.key);
   client_->delete_objects(url_.bucket, keys);
+  return locate(name);
 }
 
 void S3Root::remove_other_objects(const std::string& name,

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "format/storage_root.h"
 #include "io/s3_client.h"
 #include "tsnap/catalog.h"
 #include "tsnap/manifest.h"
@@ -34,7 +35,7 @@ bool is_s3(const std::filesystem::path& path);
 std::shared_ptr<io::S3Client> s3_client();
 
 /// One root "s3://bucket/prefix" (prefix may be empty).
-class S3Root {
+class S3Root final : public StorageRoot {
  public:
   /// Errors: InvalidArgument for a URL io::S3Url::parse rejects.
   explicit S3Root(const std::string& url);
@@ -50,19 +51,24 @@ class S3Root {
   /// The key of `file` of snapshot `name`.
   std::string key(const std::string& name, const std::string& file) const;
 
+  /// "s3://bucket/prefix/<name>".
+  std::filesystem::path locate(const std::string& name) const override { return url(name); }
   /// Every snapshot name under the root (committed, or objects without a manifest: temporary),
   /// oldest first, as tsnap::list describes. Errors: IoError when the store cannot be listed.
-  std::vector<Listed> list() const;
+  std::vector<Listed> list() const override;
   /// The exact bytes of `name`'s manifest, or nullopt when it has none.
-  std::optional<std::string> manifest_text(const std::string& name) const;
-  /// `name`'s manifest, parsed and checked as a local one. Errors: IoError(kNotFound) when it
-  /// has none; FormatError as read_manifest.
-  Manifest read_manifest(const std::string& name) const;
-  /// The objects under `name` (file name -> bytes), from one listing. Errors: IoError.
-  std::map<std::string, uint64_t> object_sizes(const std::string& name) const;
+  std::optional<std::string> manifest_text(const std::string& name) const override;
+  /// The objects of `name`'s files (file name -> bytes), from one listing; objects below them
+  /// (the marks of a node-local drain) are not files. Errors: IoError.
+  std::map<std::string, uint64_t> file_sizes(const std::string& name) const override;
+  /// A ranged GET (io::S3Client::get_range).
+  void read(const std::string& name, const std::string& file, uint64_t offset, void* out,
+            size_t n) const override;
   /// Removes snapshot `name`: its manifest first (it is no longer listed as committed), then
   /// every other object under it. Errors: IoError(kNotFound) when it has no object at all.
-  void remove(const std::string& name) const;
+  std::filesystem::path remove(
+      const std::string& name,
+      const std::function<void(const std::filesystem::path&)>& unlisted = nullptr) const override;
   /// Deletes the objects under `name` that `keep` (file names) does not hold; the manifest is
   /// kept when committed. For the leftovers of an earlier save of the same name.
   void remove_other_objects(const std::string& name, const std::vector<std::string>& keep) const;

@@ -7,8 +7,7 @@
 #include <system_error>
 
 #include "format/layout.h"
-#include "format/s3_root.h"
-#include "pipeline/remove.h"
+#include "format/storage_root.h"
 #include "tsnap/catalog.h"
 
 namespace tsnap::policy {
@@ -46,21 +45,16 @@ std::vector<std::string> apply_retention(
       facts.push_back(facts_of(*step, *l.manifest, schedule.options().best_metric));
     }
   }
+  const std::unique_ptr<format::StorageRoot> store = format::StorageRoot::open(root);
   for (int64_t step : schedule.expired(std::move(facts))) {
     const fs::path& path = committed.at(step);
     const std::string name = path.filename().string();
     if (may_delete && !may_delete(name)) continue;
-    if (format::is_s3(path)) {  // the manifest goes first (format/s3_root.h)
-      const auto [store, snapshot] = format::S3Root::of_snapshot(path.native());
-      store.remove(snapshot);
-      deleted.push_back(name);
-      continue;
-    }
     if (probe) probe(RetentionPoint::kBeforeRename, path);
-    const fs::path temporary = pipeline::remove_snapshot(path, [&](const fs::path& renamed) {
-      if (probe) probe(RetentionPoint::kRenamed, renamed);
+    const fs::path unlisted = store->remove(name, [&](const fs::path& where) {
+      if (probe) probe(RetentionPoint::kRenamed, where);
     });
-    if (probe) probe(RetentionPoint::kRemoved, temporary);
+    if (probe) probe(RetentionPoint::kRemoved, unlisted);
     deleted.push_back(name);
   }
   return deleted;

@@ -63,7 +63,7 @@ namespace {
 // manifest's size, before anything is allocated for them.
 void check_objects(const format::S3Root& root, const std::string& name, const Manifest& m,
                    const std::vector<size_t>& which) {
-  const std::map<std::string, uint64_t> sizes = root.object_sizes(name);
+  const std::map<std::string, uint64_t> sizes = root.file_sizes(name);
   for (size_t i : which) {
     const FileRecord& f = m.files[i];
     const std::string object = root.url(name) + "/" + f.name;
@@ -248,7 +248,7 @@ std::vector<BadChunk> verify_s3(const std::string& url) {
   const Manifest m = root.read_manifest(name);
   // A chunk past the end of its object (or of a missing one) is reported without a GET, so
   // nothing is allocated for what a manifest claims beyond the objects.
-  const std::map<std::string, uint64_t> sizes = root.object_sizes(name);
+  const std::map<std::string, uint64_t> sizes = root.file_sizes(name);
   std::vector<BadChunk> bad;
   std::vector<ChunkTask> tasks;
   for (size_t i = 0; i < m.files.size(); ++i) {

@@ -1,0 +1,49 @@
+// The storage-root conformance suite (support/storage_root_suite.h) against an S3 prefix on the
+// tests' server; tests/format/ runs it against a directory root.
+
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "support/s3_server.h"
+#include "support/storage_root_suite.h"
+
+namespace tsnap::test_support {
+namespace {
+
+class S3Backend final : public StorageRootBackend {
+ public:
+  std::string fresh_root() override {
+    S3Server& s3 = S3Server::shared();
+    if (!s3.available()) {
+      why_ = s3.why();
+      return "";
+    }
+    const io::S3Config config = s3.config();
+    ::setenv("AWS_ENDPOINT_URL_S3", config.endpoint.c_str(), 1);
+    ::setenv("AWS_REGION", config.region.c_str(), 1);
+    ::setenv("AWS_ACCESS_KEY_ID", config.access_key.c_str(), 1);
+    ::setenv("AWS_SECRET_ACCESS_KEY", config.secret_key.c_str(), 1);
+    ::setenv("TSNAP_S3_PATH_STYLE", "1", 1);
+    const std::string bucket = "tsnap-conformance-" + std::to_string(::getpid());
+    io::S3Client(config).create_bucket(bucket);
+    return "s3://" + bucket + "/root-" + std::to_string(next_++);
+  }
+  std::string why() const override { return why_; }
+  void make_partial(const std::string& root, const std::string& name) override {
+    const io::S3Url at = io::S3Url::parse(root + "/" + name + "/r0-0.safetensors");
+    io::S3Client(S3Server::shared().config()).put_object(at.bucket, at.prefix, "partial", 7);
+  }
+  std::string kind() const override { return "s3"; }
+
+ private:
+  std::string why_;
+  int next_ = 0;
+};
+
+INSTANTIATE_TEST_SUITE_P(ObjectStorage, StorageRootSuite,
+                         ::testing::Values(std::make_shared<S3Backend>()),
+                         [](const auto& info) { return info.param->kind(); });
+
+}  // namespace
+}  // namespace tsnap::test_support
