@@ -155,10 +155,11 @@ struct TSNAP_API PeriodicOptions {
 /// as a snapshot at a step a little ahead (about 0.5 s of training, at least 3 steps), which
 /// every rank takes; a signal on one rank so stops every rank after the same final snapshot.
 /// A due snapshot always waits for the previous one (WhenBusy::kSkip would let ranks decide
-/// differently); rank 0 alone applies retention; every rank calls `resume`, and they agree
-/// through the group's store on one snapshot: the newest that every rank can load (a node's
-/// copy that holds every file, or the durable copy; see TierOptions::node_local), and a rank
-/// that cannot load it throws Error(kPeerFailed) naming it.
+/// differently); rank 0 alone applies retention; `resume` picks the same snapshot on every rank
+/// (they read the same root). On node-local roots (TierOptions::node_local) every rank calls
+/// `resume` and they agree through the group's store on one snapshot: the newest that every
+/// rank can load (a node's copy that holds every file, or the durable copy); a rank that cannot
+/// load it, or a failed agreement, throws Error(kPeerFailed) naming why.
 ///
 /// Errors of background saves do not interrupt training: they are logged, counted, and thrown
 /// by `finish()`; the final snapshot's error is thrown by the `after_step` that took it.

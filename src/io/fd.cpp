@@ -1,6 +1,7 @@
 #include "io/fd.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -61,6 +62,13 @@ int64_t read_full(int fd, void* buf, size_t len, uint64_t offset) {
     got += static_cast<size_t>(n);
   }
   return static_cast<int64_t>(got);
+}
+
+FileLock::FileLock(int fd, bool try_only)
+    : fd_(fd), error_(::flock(fd, LOCK_EX | (try_only ? LOCK_NB : 0)) == 0 ? 0 : errno) {}
+
+FileLock::~FileLock() {
+  if (error_ == 0) (void)::flock(fd_, LOCK_UN);
 }
 
 }  // namespace tsnap::io

@@ -60,4 +60,24 @@ UniqueFd open_for_reading(const std::string& path, int extra_flags, struct stat*
 /// read (fewer than `len` only at end of file) or -errno.
 int64_t read_full(int fd, void* buf, size_t len, uint64_t offset);
 
+/// An exclusive flock(2) on a descriptor, held for the guard's life and released with LOCK_UN
+/// (not just by closing: a process forked meanwhile shares the open file description and would
+/// otherwise keep the lock while it lives). Non-copyable.
+class FileLock {
+ public:
+  /// Takes the lock on `fd`: waits for it, or with `try_only` gives up at once when another
+  /// description holds it. locked() says whether it was taken; error() is the errno if not.
+  FileLock(int fd, bool try_only);
+  ~FileLock();
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+  bool locked() const { return error_ == 0; }
+  /// 0 when locked; EWOULDBLOCK when another holds it (try_only); else flock's errno.
+  int error() const { return error_; }
+
+ private:
+  int fd_;
+  int error_;
+};
+
 }  // namespace tsnap::io

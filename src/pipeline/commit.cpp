@@ -18,7 +18,7 @@
 #include "pipeline/commit.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <system_error>
@@ -123,10 +123,13 @@ uint64_t commit_node_copy(io::Engine& engine, const CommitPaths& paths,
     if (committed_as(paths.final, id)) return 0;  // committed by another rank of this node
     detail::throw_sys_error(-err, "open temporary directory " + paths.temporary);
   }
-  if (::flock(dir.get(), LOCK_EX) != 0) {
-    detail::throw_sys_error(-errno, "lock temporary directory " + paths.temporary);
+  const io::FileLock lock(dir.get(), /*try_only=*/false);
+  if (!lock.locked()) {
+    detail::throw_sys_error(-lock.error(), "lock temporary directory " + paths.temporary);
   }
   if (committed_as(paths.final, id)) return 0;
+  // A rank of this node killed between writing the manifest and the rename left it.
+  (void)::unlinkat(dir.get(), kManifestName, 0);
   return commit_directory(engine, paths, manifest_text, overwrite, leftover);
 }
 

@@ -19,7 +19,6 @@
 #include "pipeline/drain.h"
 
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -39,10 +38,10 @@
 #include "io/fd.h"
 #include "io/thread_priority.h"
 #include "pipeline/commit.h"
-#include "pipeline/remove.h"
 #include "tsnap/catalog.h"
 #include "tsnap/error.h"
 #include "tsnap/manifest.h"
+#include "tsnap/remove.h"
 
 namespace tsnap::pipeline {
 namespace {
@@ -54,21 +53,6 @@ constexpr uint64_t kPieceBytes = 1ull << 20;  // pacing and write granularity
 
 format::SnapshotAge age_of(const Manifest& m) {
   return {format::step_of(m.metadata), m.created_unix_ns};
-}
-
-// The exact bytes of a snapshot's MANIFEST.json, read through its directory descriptor.
-std::string read_manifest_text(const format::SnapshotDir& dir) {
-  format::OpenedFile f = format::open_snapshot_file(dir, kManifestName, "manifest");
-  if (f.size() > format::kMaxManifestBytes) {
-    throw_error(ErrorCode::kBadManifest, dir.label(kManifestName) + " is " +
-                                             std::to_string(f.size()) + " bytes, more than " +
-                                             std::to_string(format::kMaxManifestBytes));
-  }
-  std::string text(f.size(), '\0');
-  const int64_t n = io::read_full(f.fd.get(), text.data(), text.size(), 0);
-  if (n < 0) detail::throw_sys_error(static_cast<int>(n), "read " + dir.label(kManifestName));
-  text.resize(static_cast<size_t>(n));
-  return text;
 }
 
 // Closes a durable file through the engine on every path.
@@ -237,7 +221,9 @@ void Drain::open_store() {
   for (const io::S3Upload& u :
        s3_->client().list_multipart_uploads(at.bucket, at.prefix.empty() ? "" : at.prefix + "/")) {
     auto [it, fresh] = newest.emplace(u.key, u);
-    if (fresh) continue;
+    // Node-local roots: another rank may be resuming the older one; the store's lifecycle rule
+    // for incomplete uploads takes what no drain completes.
+    if (fresh || config_.node_rank >= 0) continue;
     const io::S3Upload stale =
         u.initiated > it->second.initiated ? std::exchange(it->second, u) : u;
     try {
@@ -374,7 +360,7 @@ std::optional<DrainRecord> Drain::drain_one(const fs::path& local, const std::st
   Manifest m;
   try {
     dir.emplace(format::SnapshotDir::open(local));
-    text = read_manifest_text(*dir);
+    text = format::manifest_text_in(*dir);
   } catch (const Error& e) {
     if (e.code() == ErrorCode::kNotFound) throw Abandoned{};  // removed since the listing
     throw;
@@ -516,9 +502,9 @@ std::optional<DrainRecord> Drain::drain_one_s3(const format::SnapshotDir& dir,
 
 bool Drain::settled_s3(const std::string& name, const Manifest& m) {
   const format::S3Root& store = *s3_;
-  const std::optional<std::string> there_text = store.manifest_text(name);
-  if (!there_text) return false;
   try {
+    const std::optional<std::string> there_text = store.manifest_text(name);
+    if (!there_text) return false;
     const Manifest there = format::parse_manifest(*there_text, store.url(name));
     if (there.id == m.id || format::newer(age_of(there), age_of(m))) {
       std::lock_guard<std::mutex> lock(mu_);
@@ -597,10 +583,9 @@ void Drain::copy_share(const format::SnapshotDir& dir, const Manifest& m,
       throw;
     }
     // Held until the copy is in place: the node's other ranks skip the file meanwhile.
-    if (::flock(src.fd.get(), LOCK_EX | LOCK_NB) != 0) {
-      if (errno == EWOULDBLOCK) continue;
-      detail::throw_sys_error(-errno, "lock " + dir.label(f->name));
-    }
+    const io::FileLock claim(src.fd.get(), /*try_only=*/true);
+    if (claim.error() == EWOULDBLOCK) continue;
+    if (!claim.locked()) detail::throw_sys_error(-claim.error(), "lock " + dir.label(f->name));
     if (missing(*f)) copy(*f, src, dir.label(f->name));
   }
 }
@@ -647,12 +632,17 @@ std::optional<DrainRecord> Drain::drain_share_dir(const format::SnapshotDir& dir
                                                   const std::string& text, const Manifest& m,
                                                   const std::string& name) {
   const auto started = Clock::now();
-  if (settled_dir(name, m)) return std::nullopt;
   // Every rank copies into the same temporary directory (named by the save id): a file is in
-  // place once renamed to its name there, from a part file of the rank that copied it.
+  // place once renamed to its name there, from a part file of the rank that copied it. It is
+  // not one that a writer starting alone removes as stale (format::is_temporary): its files may
+  // be those of ranks that are gone, for a later drain to complete the save with.
   const std::string root = config_.durable_root.string();
-  const CommitPaths paths{root, root + "/" + format::temporary_name(name, m.id),
+  const CommitPaths paths{root, root + "/" + format::temporary_name(name, m.id) + kShareSuffix,
                           (config_.durable_root / name).string()};
+  if (settled_dir(name, m)) {
+    remove_temporary(paths.temporary);  // published by another rank, or superseded
+    return std::nullopt;
+  }
   const int rc = engine_->mkdir(paths.temporary);
   if (rc < 0 && rc != -EEXIST) detail::throw_sys_error(rc, "create directory " + paths.temporary);
   auto present = [&](const FileRecord& f) {
@@ -680,13 +670,22 @@ std::optional<DrainRecord> Drain::drain_share_dir(const format::SnapshotDir& dir
         check(moved == -EEXIST ? 0 : moved, "rename " + part + " into place");
       });
   // Whoever finds every file in place commits, under the temporary directory's lock.
-  const io::UniqueFd lock(::open(paths.temporary.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!lock.valid() || ::flock(lock.get(), LOCK_EX) != 0 || settled_dir(name, m) ||
-      !std::all_of(m.files.begin(), m.files.end(), present)) {
+  const io::UniqueFd dir_fd(::open(paths.temporary.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir_fd.valid()) {
+    const int err = errno;
+    if (err == ENOENT && settled_dir(name, m)) return share_done(record);  // committed
+    detail::throw_sys_error(-err, "open " + paths.temporary);
+  }
+  const io::FileLock lock(dir_fd.get(), /*try_only=*/false);
+  if (!lock.locked()) detail::throw_sys_error(-lock.error(), "lock " + paths.temporary);
+  if (settled_dir(name, m) || !std::all_of(m.files.begin(), m.files.end(), present)) {
     return share_done(record);  // committed by another rank, or a rank still copying commits
   }
-  for (const auto& e : fs::directory_iterator(paths.temporary)) {
-    if (e.path().filename().string().rfind('.', 0) == 0) ::unlink(e.path().c_str());  // parts
+  // Part files of killed copies, and the manifest of a commit killed before its rename.
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(paths.temporary, ec)) {
+    const std::string entry = e.path().filename().string();
+    if (entry.rfind('.', 0) == 0 || entry == kManifestName) ::unlink(e.path().c_str());
   }
   std::string leftover;
   record.bytes += commit_directory(*engine_, paths, text, /*overwrite=*/true, &leftover);

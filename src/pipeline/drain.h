@@ -44,9 +44,9 @@
 /// publishes the manifest (the last to complete a file always does; two at once publish the
 /// same bytes). "In place": object storage, a mark object written after the file's upload
 /// (`<name>/.uploaded-<id>/<file>`, removed with the older objects after the publication); a
-/// directory, the file renamed into `<durable>/.<name>.tmp-<id>/` (one temporary directory
-/// per save, shared by the ranks) from a part file, and the commit made under that
-/// directory's flock. No rank waits for another: a rank that dies leaves the save unpublished,
+/// directory, the file renamed into `<durable>/.<name>.tmp-<id>.share/` (one temporary
+/// directory per save, shared by the ranks, and not one that a writer starting alone removes
+/// as stale) from a part file, and the commit made under that directory's flock. No rank waits for another: a rank that dies leaves the save unpublished,
 /// and any later drain that holds the missing files (a restart, on any world size) completes
 /// and publishes it.
 ///
@@ -85,6 +85,9 @@ inline constexpr int kUploadThreads = 4;
 /// Node-local roots on object storage: the marks of a save's uploaded files are the objects
 /// `<prefix>/<name>/.uploaded-<id>/<file>`.
 inline constexpr const char* kUploadedPrefix = ".uploaded-";
+/// Node-local roots on a directory: the ranks' shared temporary directory of a save is
+/// `<durable>/.<name>.tmp-<id>.share`.
+inline constexpr const char* kShareSuffix = ".share";
 
 /// What a Drain needs from its Snapshotter.
 struct DrainConfig {

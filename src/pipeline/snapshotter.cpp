@@ -20,6 +20,7 @@
 #include "common/sys_error.h"
 #include "common/thread_name.h"
 #include "dist/coordinator.h"
+#include "format/dir_root.h"
 #include "format/layout.h"
 #include "format/manifest_io.h"
 #include "format/s3_root.h"
@@ -646,7 +647,22 @@ const std::shared_ptr<DistGroup>& Snapshotter::group() const { return impl_->res
 std::string Snapshotter::engine_name() const { return impl_->res.host->name(); }
 
 std::optional<fs::path> Snapshotter::latest() const {
-  std::optional<fs::path> local = tsnap::latest(root());
+  std::optional<fs::path> local;
+  if (impl_->res.options.group && tier().node_local) {
+    // A node's copy counts only where it holds every file.
+    format::SnapshotAge best;
+    for (const Listed& l : list(root())) {
+      if (!l.committed || !format::holds_every_file(l.path, *l.manifest)) continue;
+      const format::SnapshotAge age{format::step_of(l.manifest->metadata),
+                                    l.manifest->created_unix_ns};
+      if (!local || format::newer(age, best)) {
+        local = l.path;
+        best = age;
+      }
+    }
+  } else {
+    local = tsnap::latest(root());
+  }
   if (durable_root().empty()) return local;
   std::optional<fs::path> durable;
   try {

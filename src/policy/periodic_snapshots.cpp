@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <sys/stat.h>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
@@ -22,6 +21,7 @@
 #include "common/sys_error.h"
 #include "common/thread_name.h"
 #include "dist/coordinator.h"
+#include "format/dir_root.h"
 #include "format/layout.h"
 #include "policy/rank_triggers.h"
 #include "policy/retention.h"
@@ -517,18 +517,10 @@ struct Candidate {
   bool local = false;  // under the Snapshotter's own root
 };
 
-// Whether every file of a local candidate is there: on node-local roots a node's copy holds
-// only its ranks' files, and is loaded from only where it holds them all.
+// Whether a candidate can be loaded from where it is: a committed durable copy is whole; on
+// node-local roots a node's copy holds only its ranks' files.
 bool complete_here(const Candidate& c, const Manifest& m) {
-  if (!c.local) return true;  // committed in the durable root: complete
-  for (const FileRecord& f : m.files) {
-    struct stat st {};
-    if (::stat((c.path / f.name).c_str(), &st) != 0 ||
-        static_cast<uint64_t>(st.st_size) != f.size) {
-      return false;
-    }
-  }
-  return true;
+  return !c.local || format::holds_every_file(c.path, m);
 }
 
 }  // namespace
@@ -583,8 +575,8 @@ int64_t PeriodicSnapshots::resume(const ApplyCheckpoint& apply) {
       m.log("tsnap: resume skips " + candidates[i].path.filename().string() + ": " + e.what());
     }
   }
-  if (m.coord) {
-    // Ranks may see different snapshots (node-local roots, a lost disk, a corrupt copy): they
+  if (m.coord && m.snapshotter.tier().node_local) {
+    // On node-local roots ranks see different snapshots (a node's copy, a lost disk): they
     // agree on the newest that every rank has from the one it loaded on, and a rank that
     // loaded a newer one loads that instead.
     std::vector<std::pair<std::string, std::string>> usable;
@@ -639,6 +631,11 @@ std::optional<std::pair<std::string, std::string>> PeriodicSnapshots::Impl::agre
       // Rank 0 then waits for this rank until its timeout; the verdict stands.
     }
     if (verdict.is_null()) return std::nullopt;
+    if (verdict.is_object()) {
+      throw_error(ErrorCode::kPeerFailed,
+                  "resume: rank 0 could not agree on a snapshot: " +
+                      verdict.value("error", std::string("(no message)")));
+    }
     return verdict.get<Choice>();
   }
   std::optional<Choice> chosen;
@@ -654,8 +651,9 @@ std::optional<std::pair<std::string, std::string>> PeriodicSnapshots::Impl::agre
         break;
       }
     }
-  } catch (...) {
-    c.decide(id, "null");  // the others resume from nothing rather than wait for their timeout
+  } catch (const std::exception& e) {
+    // The others fail at once too, rather than wait for their timeout or start from nothing.
+    c.decide(id, nlohmann::json{{"error", e.what()}}.dump());
     throw;
   }
   c.decide(id, chosen ? nlohmann::json(*chosen).dump() : "null");
