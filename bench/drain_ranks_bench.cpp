@@ -26,9 +26,8 @@
 #include <fstream>
 #include <string>
 #include <thread>
-#include <vector>
-
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <vector>
 
 #include "format/s3_root.h"
 #include "io/s3_client.h"
@@ -193,10 +192,8 @@ int main(int argc, char** argv) {
     for (int rep = 0; rep < reps; ++rep) {
       // Interleaved, so that both modes see the server alike.
       const std::string durable = "s3://" + bucket + "/drain-ranks-" + std::to_string(world);
-      alone.push_back(
-          run_point(argv, "alone", world, fs::path(dir) / "alone", durable + "-alone"));
-      every.push_back(
-          run_point(argv, "every", world, fs::path(dir) / "every", durable + "-every"));
+      alone.push_back(run_point(argv, "alone", world, fs::path(dir) / "alone", durable + "-alone"));
+      every.push_back(run_point(argv, "every", world, fs::path(dir) / "every", durable + "-every"));
     }
     const double gb = mib * 1048576.0 / 1e9;
     std::printf("| %d | %.3f | %.3f | %.3f | %.3f | %.2f |\n", world, median(alone), median(every),

@@ -81,8 +81,8 @@ double raw_download(tsnap::io::S3Client& c, const std::string& bucket, const std
 // Seconds bench/boto3_upload.py took to upload the shard files of snapshot directory `dir`.
 double boto3_upload(const std::string& python, const std::string& bucket, const std::string& prefix,
                     const fs::path& dir) {
-  std::string command = python + " " TSNAP_SOURCE_DIR "/bench/boto3_upload.py " + bucket + " " +
-                        prefix;
+  std::string command =
+      python + " " TSNAP_SOURCE_DIR "/bench/boto3_upload.py " + bucket + " " + prefix;
   for (const auto& e : fs::directory_iterator(dir)) {
     if (e.path().filename() != "MANIFEST.json") command += " " + e.path().string();
   }
@@ -152,8 +152,8 @@ int main(int argc, char** argv) {
       during.wait();
       snap.drain_wait();
       if (!boto3_python.empty()) {
-        boto3_up.push_back(boto3_upload(boto3_python, bucket, prefix + "-boto3",
-                                        fs::path(local) / name));
+        boto3_up.push_back(
+            boto3_upload(boto3_python, bucket, prefix + "-boto3", fs::path(local) / name));
       }
       const auto t0 = Clock::now();
       (void)tsnap::load(durable + "/" + name);

@@ -94,17 +94,17 @@ struct TSNAP_API TierOptions {
   /// (an undrained snapshot is never removed) and none being saved. 0 keeps everything.
   /// Retention of the durable tier is the user's (PeriodicSnapshots' keep rules).
   int local_keep_last = 2;
-  /// With SnapshotterOptions::group: `root` is a node-local disk (the same path on every node, a different disk
-  /// on each), not one directory that every rank shares. Each rank writes its files there; rank
-  /// 0 merges the manifest as always and every node commits its own copy of the snapshot under
-  /// `root` (the full manifest, the files of that node's ranks). Every rank then drains the
-  /// files its node holds (its node's ranks split them; each paced to `bytes_per_second`) into
-  /// `durable_root`, where the snapshot becomes one: the rank that completes the last upload
-  /// publishes the manifest, after every file of the save is in place, so a durable snapshot
-  /// is complete or absent. A rank killed mid-drain leaves the snapshot unpublished; a later
-  /// drain (after a restart, on any world size) uploads what is missing and publishes it.
-  /// drain_wait() returns when this rank's share is uploaded: once every rank's has returned,
-  /// the snapshot is durable. Retention (local_keep_last) runs on every node. `resume`
+  /// With SnapshotterOptions::group: `root` is a node-local disk (the same path on every node, a
+  /// different disk on each), not one directory that every rank shares. Each rank writes its files
+  /// there; rank 0 merges the manifest as always and every node commits its own copy of the
+  /// snapshot under `root` (the full manifest, the files of that node's ranks). Every rank then
+  /// drains the files its node holds (its node's ranks split them; each paced to
+  /// `bytes_per_second`) into `durable_root`, where the snapshot becomes one: the rank that
+  /// completes the last upload publishes the manifest, after every file of the save is in place, so
+  /// a durable snapshot is complete or absent. A rank killed mid-drain leaves the snapshot
+  /// unpublished; a later drain (after a restart, on any world size) uploads what is missing and
+  /// publishes it. drain_wait() returns when this rank's share is uploaded: once every rank's has
+  /// returned, the snapshot is durable. Retention (local_keep_last) runs on every node. `resume`
   /// (PeriodicSnapshots) agrees on one snapshot across ranks: the newest that each rank can
   /// load, from its node's copy when that holds every file, else from the durable root.
   /// Ignored without a group.

@@ -128,7 +128,8 @@ void S3Root::read(const std::string& name, const std::string& file, uint64_t off
 }
 
 std::filesystem::path S3Root::remove(
-    const std::string& name, const std::function<void(const std::filesystem::path&)>& unlisted) const {
+    const std::string& name,
+    const std::function<void(const std::filesystem::path&)>& unlisted) const {
   const std::string base = url_.key(name + "/");
   const io::S3Listing listing = client_->list(url_.bucket, base);
   if (listing.objects.empty()) {

@@ -20,8 +20,7 @@ std::pair<std::unique_ptr<StorageRoot>, std::string> StorageRoot::of_snapshot(
     return {std::make_unique<S3Root>(std::move(root)), name};
   }
   // A trailing separator ("ckpt/step-1/") names the same directory.
-  const std::filesystem::path path =
-      snapshot.has_filename() ? snapshot : snapshot.parent_path();
+  const std::filesystem::path path = snapshot.has_filename() ? snapshot : snapshot.parent_path();
   return {std::make_unique<DirRoot>(path.parent_path()), path.filename().string()};
 }
 

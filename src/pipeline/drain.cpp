@@ -460,12 +460,12 @@ void Drain::copy_file(const format::OpenedFile& src, const std::string& label, c
     }
     const uint64_t hash = format::hash64(buffer.data(), len);
     if (hash != f.chunk_hashes[i]) {
-      throw_error(ErrorCode::kHashMismatch,
-                  "drain: chunk " + std::to_string(i) + " of " + label + " (bytes [" +
-                      std::to_string(offset) + ", " + std::to_string(offset + len) +
-                      ")) has XXH3-64 " + format::hash_hex(hash) + ", the manifest says " +
-                      format::hash_hex(f.chunk_hashes[i]) + "; the snapshot is not copied to " +
-                      root);
+      throw_error(ErrorCode::kHashMismatch, "drain: chunk " + std::to_string(i) + " of " + label +
+                                                " (bytes [" + std::to_string(offset) + ", " +
+                                                std::to_string(offset + len) + ")) has XXH3-64 " +
+                                                format::hash_hex(hash) + ", the manifest says " +
+                                                format::hash_hex(f.chunk_hashes[i]) +
+                                                "; the snapshot is not copied to " + root);
     }
     for (size_t p = 0; p < len; p += kPieceBytes) {
       const size_t piece = static_cast<size_t>(std::min<uint64_t>(kPieceBytes, len - p));
@@ -660,12 +660,12 @@ std::optional<DrainRecord> Drain::drain_share_dir(const format::SnapshotDir& dir
   copy_share(
       dir, m, in_place, [&](const FileRecord& f) { return !present(f); },
       [&](const FileRecord& f, const format::OpenedFile& src, const std::string& label) {
-        const std::string part = paths.temporary + "/." + f.name + ".part-r" +
-                                 std::to_string(config_.node_rank);
+        const std::string part =
+            paths.temporary + "/." + f.name + ".part-r" + std::to_string(config_.node_rank);
         ::unlink(part.c_str());  // a killed copy's
         copy_file(src, label, f, part, record);
-        const int moved = engine_->rename(part, paths.temporary + "/" + f.name,
-                                          io::RenameMode::kNoReplace);
+        const int moved =
+            engine_->rename(part, paths.temporary + "/" + f.name, io::RenameMode::kNoReplace);
         if (moved == -EEXIST) ::unlink(part.c_str());  // placed by another rank meanwhile
         check(moved == -EEXIST ? 0 : moved, "rename " + part + " into place");
       });

@@ -46,9 +46,9 @@
 /// (`<name>/.uploaded-<id>/<file>`, removed with the older objects after the publication); a
 /// directory, the file renamed into `<durable>/.<name>.tmp-<id>.share/` (one temporary
 /// directory per save, shared by the ranks, and not one that a writer starting alone removes
-/// as stale) from a part file, and the commit made under that directory's flock. No rank waits for another: a rank that dies leaves the save unpublished,
-/// and any later drain that holds the missing files (a restart, on any world size) completes
-/// and publishes it.
+/// as stale) from a part file, and the commit made under that directory's flock. No rank waits for
+/// another: a rank that dies leaves the save unpublished, and any later drain that holds the
+/// missing files (a restart, on any world size) completes and publishes it.
 ///
 /// Hard links: a shard that an incremental save reused whole from an earlier snapshot
 /// (FileRecord::reused_from) is hard-linked from the durable tier's copy of that snapshot when
@@ -161,9 +161,8 @@ class Drain {
                   DrainRecord& record);
   // Node-local roots: this rank's share of a save, and the publication by whichever rank
   // finds every file in place (see "Node-local roots" above).
-  std::optional<DrainRecord> drain_share_s3(const format::SnapshotDir& dir,
-                                            const std::string& text, const Manifest& m,
-                                            const std::string& name);
+  std::optional<DrainRecord> drain_share_s3(const format::SnapshotDir& dir, const std::string& text,
+                                            const Manifest& m, const std::string& name);
   std::optional<DrainRecord> drain_share_dir(const format::SnapshotDir& dir,
                                              const std::string& text, const Manifest& m,
                                              const std::string& name);

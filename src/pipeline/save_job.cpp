@@ -588,9 +588,9 @@ std::exception_ptr SaveJob::coordinate(std::exception_ptr error, uint64_t* manif
         if (!verdict.contains("manifest")) return error_from_json(verdict);
         // Node-local roots: rank 0 committed its node's copy; this node's comes next.
         try {
-          *manifest_bytes = commit_node_copy(res_.host->engine(), paths_,
-                                             verdict.at("manifest").get<std::string>(), id,
-                                             overwrite_, leftover);
+          *manifest_bytes =
+              commit_node_copy(res_.host->engine(), paths_,
+                               verdict.at("manifest").get<std::string>(), id, overwrite_, leftover);
         } catch (...) {
           keep_temporary_ = true;  // another rank of this node may still commit it
           throw;

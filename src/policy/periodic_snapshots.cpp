@@ -589,19 +589,17 @@ int64_t PeriodicSnapshots::resume(const ApplyCheckpoint& apply) {
       loaded = candidates.size();
     } else if (loaded == candidates.size() || candidates[loaded].name != chosen->first ||
                candidates[loaded].id != chosen->second) {
-      auto it = std::find_if(candidates.begin() + static_cast<std::ptrdiff_t>(loaded),
-                             candidates.end(), [&](const Candidate& c) {
-                               return c.name == chosen->first && c.id == chosen->second;
-                             });
+      auto it = std::find_if(
+          candidates.begin() + static_cast<std::ptrdiff_t>(loaded), candidates.end(),
+          [&](const Candidate& c) { return c.name == chosen->first && c.id == chosen->second; });
       // Present: the agreement took it from this rank's own list.
       loaded = static_cast<size_t>(it - candidates.begin());
       try {
         checkpoint = load_checkpoint(it->path);
       } catch (const Error& e) {
         throw_error(ErrorCode::kPeerFailed,
-                    "resume: rank " + std::to_string(m.coord->rank()) +
-                        " cannot load " + label(*it) + ", the newest snapshot every rank has: " +
-                        e.what());
+                    "resume: rank " + std::to_string(m.coord->rank()) + " cannot load " +
+                        label(*it) + ", the newest snapshot every rank has: " + e.what());
       }
     }
   }
@@ -632,9 +630,8 @@ std::optional<std::pair<std::string, std::string>> PeriodicSnapshots::Impl::agre
     }
     if (verdict.is_null()) return std::nullopt;
     if (verdict.is_object()) {
-      throw_error(ErrorCode::kPeerFailed,
-                  "resume: rank 0 could not agree on a snapshot: " +
-                      verdict.value("error", std::string("(no message)")));
+      throw_error(ErrorCode::kPeerFailed, "resume: rank 0 could not agree on a snapshot: " +
+                                              verdict.value("error", std::string("(no message)")));
     }
     return verdict.get<Choice>();
   }

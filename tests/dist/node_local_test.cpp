@@ -156,7 +156,10 @@ void run_rank() {
       if (line.find("resumed from ") != std::string::npos) resumed_from = line;
     };
     PeriodicSnapshots hook(
-        snap, Schedule({.every_steps = 2}), [&] { return Checkpoint::of({{"state", state}}); },
+        snap, Schedule({.every_steps = 2}),
+        [&] {
+          return Checkpoint::of({{"state", state}});
+        },
         po);
     if (scenario == "periodic") {
       for (int step = 1; step <= 4; ++step) {
@@ -174,8 +177,9 @@ void run_rank() {
       if (key != "g") whole.insert(key, at::zeros_like(entry.tensor));
     }
     int64_t step = -1;
-    std::string text =
-        outcome_of([&] { step = hook.resume([&](Checkpoint& c) { c.apply({{"state", whole}}); }); });
+    std::string text = outcome_of([&] {
+      step = hook.resume([&](Checkpoint& c) { c.apply({{"state", whole}}); });
+    });
     if (text == "ok") {
       const std::string diff = compare_whole(whole, static_cast<int>(step));
       text = "resumed " + std::to_string(step) + (diff.empty() ? " equal" : " " + diff) +
