@@ -108,7 +108,7 @@ void DirRoot::read(const std::string& name, const std::string& file, uint64_t of
 fs::path DirRoot::remove(const std::string& name,
                          const std::function<void(const fs::path&)>& unlisted) const {
   const fs::path snapshot = locate(name);
-  const fs::path temporary = root_ / temporary_name(name, new_save_id());
+  fs::path temporary = root_ / temporary_name(name, new_save_id());
   if (::rename(snapshot.c_str(), temporary.c_str()) != 0) {
     const int e = errno;
     if (e == ENOENT) {

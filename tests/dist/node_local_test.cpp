@@ -234,16 +234,11 @@ class S3Durable : public ::testing::Test {
   void SetUp() override {
     test_support::S3Server& s3 = test_support::S3Server::shared();
     if (!s3.available()) GTEST_SKIP() << s3.why();
-    const io::S3Config config = s3.config();
-    ::setenv("AWS_ENDPOINT_URL_S3", config.endpoint.c_str(), 1);
-    ::setenv("AWS_REGION", config.region.c_str(), 1);
-    ::setenv("AWS_ACCESS_KEY_ID", config.access_key.c_str(), 1);
-    ::setenv("AWS_SECRET_ACCESS_KEY", config.secret_key.c_str(), 1);
-    ::setenv("TSNAP_S3_PATH_STYLE", "1", 1);
+    s3.export_environment();
     static int n = 0;
     const std::string bucket =
         "tsnap-nodes-" + std::to_string(::getpid()) + "-" + std::to_string(n++);
-    io::S3Client(config).create_bucket(bucket);
+    io::S3Client(s3.config()).create_bucket(bucket);
     durable_ = "s3://" + bucket + "/run";
     ::setenv("TSNAP_TEST_DURABLE", durable_.c_str(), 1);
     ::setenv("TSNAP_TEST_RATE", "0", 1);

@@ -19,14 +19,9 @@ class S3Backend final : public StorageRootBackend {
       why_ = s3.why();
       return "";
     }
-    const io::S3Config config = s3.config();
-    ::setenv("AWS_ENDPOINT_URL_S3", config.endpoint.c_str(), 1);
-    ::setenv("AWS_REGION", config.region.c_str(), 1);
-    ::setenv("AWS_ACCESS_KEY_ID", config.access_key.c_str(), 1);
-    ::setenv("AWS_SECRET_ACCESS_KEY", config.secret_key.c_str(), 1);
-    ::setenv("TSNAP_S3_PATH_STYLE", "1", 1);
+    s3.export_environment();
     const std::string bucket = "tsnap-conformance-" + std::to_string(::getpid());
-    io::S3Client(config).create_bucket(bucket);
+    io::S3Client(s3.config()).create_bucket(bucket);
     return "s3://" + bucket + "/root-" + std::to_string(next_++);
   }
   std::string why() const override { return why_; }

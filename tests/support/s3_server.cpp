@@ -86,6 +86,15 @@ S3Server& S3Server::shared() {
   return server;
 }
 
+void S3Server::export_environment() const {
+  const io::S3Config c = config();
+  ::setenv("AWS_ENDPOINT_URL_S3", c.endpoint.c_str(), 1);
+  ::setenv("AWS_REGION", c.region.c_str(), 1);
+  ::setenv("AWS_ACCESS_KEY_ID", c.access_key.c_str(), 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", c.secret_key.c_str(), 1);
+  ::setenv("TSNAP_S3_PATH_STYLE", "1", 1);
+}
+
 io::S3Config S3Server::config() const {
   io::S3Config c;
   c.endpoint = endpoint_;

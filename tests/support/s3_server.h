@@ -50,6 +50,10 @@ class S3Server {
       "Reference, Error responses); the moto run (ctest s3) checks it";
   /// The endpoint and the server's credentials: path-style, us-east-1, 3 attempts.
   io::S3Config config() const;
+  /// Points the process's S3 environment at this server (AWS_ENDPOINT_URL_S3, AWS_REGION,
+  /// AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, TSNAP_S3_PATH_STYLE), for code that reads it
+  /// (`s3://` roots) and for child processes.
+  void export_environment() const;
 
  private:
   bool available_ = false;
