@@ -73,12 +73,14 @@ class UringEngine final : public Engine {
   }
 
   ~UringEngine() override {
-    // Close the eventfd watcher on the io thread (where its handler runs), then the ring.
+    // Close the eventfd watcher on the io thread (where its handler runs), then the ring. A
+    // handler already queued with success when the watcher closes (closing cannot take it
+    // back) runs before the second post: it finds the watcher closed and touches nothing.
     std::promise<void> closed;
     asio::post(io_, [&] {
       boost::system::error_code ignored;
       eventfd_.close(ignored);
-      closed.set_value();
+      asio::post(io_, [&] { closed.set_value(); });
     });
     closed.get_future().wait();
     before_ring_unmapped();
@@ -167,7 +169,7 @@ class UringEngine final : public Engine {
   void arm() {
     eventfd_.async_wait(asio::posix::stream_descriptor::wait_read,
                         [this](const boost::system::error_code& ec) {
-                          if (ec) return;  // closed
+                          if (ec || !eventfd_.is_open()) return;  // closed
                           uint64_t count;
                           (void)::read(eventfd_.native_handle(), &count, sizeof count);
                           reap();

@@ -44,9 +44,10 @@ void RankTriggers::poll() {
     end(e.what());
     return;  // no more polls: the group has ended
   }
+  if (cancelled_) return;
   poll_timer_.expires_after(std::chrono::milliseconds(50));
   poll_timer_.async_wait([this](const boost::system::error_code& ec) {
-    if (!ec) poll();
+    if (!ec && !cancelled_) poll();
   });
 }
 

@@ -50,8 +50,12 @@ class RankTriggers {
   /// Polls the triggers posted so far (on the calling thread), then every 50 ms on the
   /// io_context's thread until `cancel` or until the store fails.
   void start_polling();
-  /// Stops the polls.
-  void cancel() { poll_timer_.cancel(); }
+  /// Stops the polls. A poll whose timer had already expired (its handler queued with success,
+  /// which cancelling a timer cannot take back) finds `cancelled_` and does not wait again.
+  void cancel() {
+    cancelled_ = true;
+    poll_timer_.cancel();
+  }
 
   /// Whether the group's store could not be reached: nothing can be agreed any more.
   bool ended() const { return ended_.load(); }
@@ -82,6 +86,7 @@ class RankTriggers {
 
   dist::Coordinator& coord_;
   boost::asio::steady_timer poll_timer_;
+  bool cancelled_ = false;  // on the io_context's thread only
   const std::function<void(const std::string&)> log_;
   int64_t next_ = 0;  // hook thread: the index of the next trigger to poll
   std::atomic<bool> ended_{false};

@@ -41,6 +41,7 @@ void SignalChain::start(std::function<void(int sig)> on_signal) {
 }
 
 void SignalChain::close() {
+  closed_ = true;
   signals_.cancel();
   signals_.clear();  // Asio resets each signal to SIG_DFL ...
   restore();         // ... and the previous disposition comes back at once
@@ -53,7 +54,9 @@ void SignalChain::wait() {
     // may stop), it has run.
     chain(sig);
     on_signal_(sig);
-    wait();
+    // A signal delivered just before `close` (its handler already queued, which cancelling
+    // cannot take back) is the last: waiting again would keep the hook's thread alive.
+    if (!closed_) wait();
   });
 }
 

@@ -45,6 +45,7 @@ class SignalChain {
   std::map<int, struct sigaction> previous_;  // dispositions before the hook: chained, restored
   std::map<int, bool> chained_;               // whether `previous_` is a handler to call
   std::function<void(int)> on_signal_;
+  bool closed_ = false;  // a signal already queued when `close` ran is not waited for again
 };
 
 }  // namespace tsnap::policy

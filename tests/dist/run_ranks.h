@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -32,6 +33,17 @@ inline int free_port() {
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   ::close(fd);
   return ntohs(addr.sin_port);
+}
+
+// Appends the threads' stacks of process `pid` to `file`, where gdb is installed: a rank that
+// hangs says where before it is killed.
+inline void dump_stacks(pid_t pid, const std::filesystem::path& file) {
+  if (::access("/usr/bin/gdb", X_OK) != 0) return;
+  const std::string cmd = "timeout 60 /usr/bin/gdb -p " + std::to_string(pid) +
+                          " -batch -nx -ex 'thread apply all bt 30' >> '" + file.string() +
+                          "' 2>&1";
+  std::ofstream(file, std::ios::app) << "\n--- stacks of the ranks still running ---\n";
+  (void)std::system(cmd.c_str());
 }
 
 struct Ranks {
@@ -70,6 +82,7 @@ inline Ranks run_ranks(const std::string& scenario, int world, const std::filesy
   out.statuses.assign(static_cast<size_t>(world), -1);
   const auto deadline = std::chrono::steady_clock::now() + limit;
   int left = world;
+  std::vector<int> stuck;
   while (left > 0) {
     for (int r = 0; r < world; ++r) {
       if (out.statuses[r] != -1) continue;
@@ -81,12 +94,12 @@ inline Ranks run_ranks(const std::string& scenario, int world, const std::filesy
     }
     if (std::chrono::steady_clock::now() > deadline) {
       for (int r = 0; r < world; ++r) {
-        if (out.statuses[r] == -1) ::kill(pids[r], SIGKILL);
+        if (out.statuses[r] != -1) continue;
+        stuck.push_back(r);
+        dump_stacks(pids[r], dir / ("rank-" + std::to_string(r) + ".err"));
+        ::kill(pids[r], SIGKILL);
       }
-      for (int r = 0; r < world; ++r) {
-        if (out.statuses[r] == -1) ::waitpid(pids[r], &out.statuses[r], 0);
-      }
-      ADD_FAILURE() << scenario << ": ranks still running after " << limit.count() << " s";
+      for (int r : stuck) ::waitpid(pids[r], &out.statuses[r], 0);
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -100,6 +113,11 @@ inline Ranks run_ranks(const std::string& scenario, int world, const std::filesy
     std::stringstream err_text;
     err_text << err.rdbuf();
     out.errs.push_back(err_text.str());
+  }
+  if (!stuck.empty()) {
+    std::string which;
+    for (int r : stuck) which += "\n--- rank " + std::to_string(r) + " ---\n" + out.errs[r];
+    ADD_FAILURE() << scenario << ": ranks still running after " << limit.count() << " s" << which;
   }
   return out;
 }
