@@ -6,6 +6,10 @@
 // same bytes, same store. The time to durable is from the first rank's local commit to the end
 // of the last drain_wait (every: the publication; alone: rank 0's). `--rate-mib` paces each
 // drain (TierOptions::bytes_per_second) as a per-connection limit of a real store would.
+// Restore, after each "every" point: every rank at once loads its rows back from the store
+// (load_into: ranged GETs of the chunks it needs, each verified), against raw ranged GETs of
+// its own shard object (16 MiB ranges, the fetch's thread count) into memory; the figure is
+// the median over ranks of raw / load_into.
 // Usage:
 //   eval "$(scripts/s3-server.sh start)"
 //   build/bench/tsnap_bench_drain_ranks --bucket tsnap-bench --dir /tmp/bench/drain-ranks
@@ -24,12 +28,18 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <thread>
+#include <tuple>
+#include <utility>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
+#include "common/run_parallel.h"
 #include "format/s3_root.h"
+#include "restore/s3_fetch.h"
+#include "tsnap/load.h"
 #include "io/s3_client.h"
 #include "tsnap/dist_group.h"
 #include "tsnap/manifest.h"
@@ -63,6 +73,45 @@ std::string env(const char* name) {
   return v ? v : "";
 }
 
+// Rank `rank`'s restore of `snapshot` into zeroed pieces shaped as `state`'s, checked bitwise
+// against it, and raw ranged GETs of its own shard object: both times, in seconds.
+std::pair<double, double> restore_rank(const tsnap::StateDict& state, const std::string& snapshot,
+                                       int rank, const std::function<void()>& between) {
+  tsnap::StateDict into;
+  for (const auto& [key, entry] : state) {
+    into.insert(key, at::zeros_like(entry.tensor), {}, entry.shard);
+  }
+  const double t0 = now_s();
+  tsnap::load_into(snapshot, into);
+  const double load_s = now_s() - t0;
+  for (const auto& [key, entry] : state) {
+    if (!at::equal(into.at(key), entry.tensor)) {
+      std::fprintf(stderr, "rank %d: %s came back different\n", rank, key.c_str());
+      std::exit(1);
+    }
+  }
+  between();  // the raw reads start together too
+  const auto [root, name] = tsnap::format::S3Root::of_snapshot(snapshot);
+  const tsnap::Manifest m = root.read_manifest(name);
+  const std::string bucket = root.location().bucket;
+  double raw_s = 0;
+  for (const tsnap::FileRecord& f : m.files) {
+    if (f.rank != rank) continue;
+    const std::string key = root.key(name, f.name);
+    std::vector<uint8_t> bytes(f.size);
+    constexpr uint64_t kRange = 16ull << 20;
+    const size_t ranges = static_cast<size_t>((f.size + kRange - 1) / kRange);
+    const double t1 = now_s();
+    tsnap::detail::run_parallel(ranges, tsnap::restore::kFetchThreads, [&](size_t r, int) {
+      const uint64_t at = r * kRange;
+      root.client().get_range(bucket, key, at, bytes.data() + at,
+                              static_cast<size_t>(std::min(kRange, f.size - at)));
+    });
+    raw_s += now_s() - t1;
+  }
+  return {load_s, raw_s};
+}
+
 // One rank: save, drain, report "commit end" (monotonic seconds) to its file.
 int run_rank(int mib, uint64_t rate) {
   const bool every = env("TSNAP_BENCH_MODE") == "every";
@@ -89,12 +138,26 @@ int run_rank(int mib, uint64_t rate) {
   const double commit = now_s();
   snap.drain_wait();
   const double end = now_s();
+  const tsnap::DrainStats stats = snap.drain_stats();
+  double load_s = 0, raw_s = 0;
+  if (every) {
+    // Once every rank has drained (the snapshot is published), every rank restores at once.
+    auto barrier = [&](const std::string& key) {
+      group->store()->add(key, 1);
+      while (group->store()->add(key, 0) < world) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    };
+    barrier("bench/drained");
+    std::tie(load_s, raw_s) = restore_rank(state, o.tier.durable_root.string() + "/s", rank,
+                                           [&] { barrier("bench/loaded"); });
+  }
   std::ofstream report(env("TSNAP_BENCH_OUT"));
   report.precision(17);
-  const tsnap::DrainStats stats = snap.drain_stats();
-  report << commit << " " << end << " " << stats.bytes << " " << stats.drained;
+  report << commit << " " << end << " " << stats.bytes << " " << stats.drained << " " << load_s
+         << " " << raw_s;
   report.close();
-  // Rank 0 hosts the store: it stays until every rank has drained.
+  // Rank 0 hosts the store: it stays until every rank is done.
   group->store()->add("bench/done", 1);
   if (rank == 0) {
     while (group->store()->add("bench/done", 0) < world) {
@@ -106,7 +169,8 @@ int run_rank(int mib, uint64_t rate) {
 
 // Runs `world` ranks of `mode`; returns the time to durable.
 double run_point(char** argv, const std::string& mode, int world, const fs::path& dir,
-                 const std::string& durable) {
+                 const std::string& durable, std::vector<double>* restore_ratios,
+                 std::vector<double>* restore_seconds) {
   const std::string port = std::to_string(free_port());
   fs::remove_all(dir);
   fs::create_directories(dir);
@@ -138,10 +202,12 @@ double run_point(char** argv, const std::string& mode, int world, const fs::path
   double first_commit = 1e300, last_end = 0;
   for (int r = 0; r < world; ++r) {
     std::ifstream in(dir / ("rank-" + std::to_string(r)));
-    double commit = 0, end = 0;
+    double commit = 0, end = 0, load_s = 0, raw_s = 0;
     uint64_t drained_bytes = 0;
     int drained = 0;
-    in >> commit >> end >> drained_bytes >> drained;
+    in >> commit >> end >> drained_bytes >> drained >> load_s >> raw_s;
+    if (load_s > 0) restore_ratios->push_back(raw_s / load_s);
+    if (load_s > 0) restore_seconds->push_back(load_s);
     if (std::getenv("TSNAP_BENCH_VERBOSE")) {
       std::fprintf(stderr, "%s x%d rank %d: commit %.3f end %.3f, %llu bytes, %d published\n",
                    mode.c_str(), world, r, commit, end,
@@ -175,8 +241,10 @@ int main(int argc, char** argv) {
   tsnap::format::s3_client()->create_bucket(bucket);
   std::printf("%d MiB per snapshot, drains paced at %s, %d reps, medians\n", mib,
               rate_mib ? (std::to_string(rate_mib) + " MiB/s each").c_str() : "no limit", reps);
-  std::printf("| ranks | rank 0 alone s | every rank s | alone GB/s | every GB/s | speed-up |\n");
-  std::printf("|---:|---:|---:|---:|---:|---:|\n");
+  std::printf(
+      "| ranks | rank 0 alone s | every rank s | alone GB/s | every GB/s | speed-up | "
+      "restore s per rank | restore / raw ranged GETs |\n");
+  std::printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
   std::vector<int> counts;
   for (size_t at = 0; at < ranks.size();) {
     const size_t comma = std::min(ranks.find(',', at), ranks.size());
@@ -188,16 +256,19 @@ int main(int argc, char** argv) {
     return v[v.size() / 2];
   };
   for (const int world : counts) {
-    std::vector<double> alone, every;
+    std::vector<double> alone, every, ratios, restores, unused;
     for (int rep = 0; rep < reps; ++rep) {
       // Interleaved, so that both modes see the server alike.
       const std::string durable = "s3://" + bucket + "/drain-ranks-" + std::to_string(world);
-      alone.push_back(run_point(argv, "alone", world, fs::path(dir) / "alone", durable + "-alone"));
-      every.push_back(run_point(argv, "every", world, fs::path(dir) / "every", durable + "-every"));
+      alone.push_back(run_point(argv, "alone", world, fs::path(dir) / "alone", durable + "-alone",
+                                &unused, &unused));
+      every.push_back(run_point(argv, "every", world, fs::path(dir) / "every", durable + "-every",
+                                &ratios, &restores));
     }
     const double gb = mib * 1048576.0 / 1e9;
-    std::printf("| %d | %.3f | %.3f | %.3f | %.3f | %.2f |\n", world, median(alone), median(every),
-                gb / median(alone), gb / median(every), median(alone) / median(every));
+    std::printf("| %d | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f | %.2f |\n", world, median(alone),
+                median(every), gb / median(alone), gb / median(every),
+                median(alone) / median(every), median(restores), median(ratios));
     std::fflush(stdout);
   }
   return 0;
