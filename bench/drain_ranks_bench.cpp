@@ -31,17 +31,17 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <tuple>
 #include <utility>
-#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
 #include "common/run_parallel.h"
 #include "format/s3_root.h"
-#include "restore/s3_fetch.h"
-#include "tsnap/load.h"
 #include "io/s3_client.h"
+#include "restore/s3_fetch.h"
 #include "tsnap/dist_group.h"
+#include "tsnap/load.h"
 #include "tsnap/manifest.h"
 #include "tsnap/remove.h"
 #include "tsnap/snapshotter.h"
