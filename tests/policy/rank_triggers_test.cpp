@@ -37,6 +37,15 @@ class NoTriggers : public dist::Coordinator {
   std::atomic<int> polls{0};
 };
 
+// Runs `io` until it has no work left, for at most 5 s (then stops it): whether it ended.
+bool runs_out(boost::asio::io_context& io) {
+  std::future<void> ran = std::async(std::launch::async, [&] { io.run(); });
+  if (ran.wait_for(std::chrono::seconds(5)) == std::future_status::ready) return true;
+  io.stop();
+  ran.wait();
+  return false;
+}
+
 // The race the hook's destructor met: the poll timer expires while the io thread is busy, and
 // the cancel is queued before the reactor finds the expiry, so the timer's handler runs after
 // the cancel, with success. It must not wait again.
@@ -49,14 +58,8 @@ TEST(RankTriggers, ACancelQueuedBeforeAnExpiredPollEndsThePolls) {
     std::this_thread::sleep_for(std::chrono::milliseconds(120));  // the timer expires
     boost::asio::post(io, [&] { triggers.cancel(); });
   });
-  std::future<void> ran = std::async(std::launch::async, [&] { io.run(); });
-  const bool ended = ran.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
-  if (!ended) {
-    io.stop();
-    ran.wait();
-  }
-  EXPECT_TRUE(ended) << "the io_context still had a poll waiting after cancel ("
-                     << coord.polls.load() << " polls)";
+  EXPECT_TRUE(runs_out(io)) << "the io_context still had a poll waiting after cancel ("
+                            << coord.polls.load() << " polls)";
   EXPECT_LE(coord.polls.load(), 2);
 }
 
@@ -67,13 +70,7 @@ TEST(RankTriggers, ACancelBeforeTheTimerExpiresEndsThePolls) {
   RankTriggers triggers(coord, io, [](const std::string&) {});
   triggers.start_polling();
   boost::asio::post(io, [&] { triggers.cancel(); });
-  std::future<void> ran = std::async(std::launch::async, [&] { io.run(); });
-  const bool ended = ran.wait_for(std::chrono::seconds(5)) == std::future_status::ready;
-  if (!ended) {
-    io.stop();
-    ran.wait();
-  }
-  EXPECT_TRUE(ended);
+  EXPECT_TRUE(runs_out(io));
   EXPECT_EQ(coord.polls.load(), 1);
 }
 
