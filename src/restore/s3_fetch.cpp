@@ -79,7 +79,8 @@ void check_objects(const format::S3Root& root, const std::string& name, const Ma
 
 // Copies the chunks `tasks` of snapshot `name` into the shard files under `dir` (which exists),
 // each by a ranged GET, checked against its hash before it is written; the files are made at
-// their full size where they are not there yet (a chunk not fetched stays a hole), and fsynced.
+// their full size where they are not there yet (a chunk not fetched stays a hole). Not fsynced:
+// every copy is a temporary one, read at once from the page cache and removed afterwards.
 void fetch_chunks(const format::S3Root& root, const std::string& name, const Manifest& m,
                   const fs::path& dir, const std::vector<ChunkTask>& tasks) {
   std::vector<size_t> which;
@@ -122,7 +123,6 @@ void fetch_chunks(const format::S3Root& root, const std::string& name, const Man
   });
   for (size_t i : which) {
     const std::string path = (dir / m.files[i].name).string();
-    check(::fsync(fds[i].get()) == 0 ? 0 : -errno, "fsync " + path);
     check(fds[i].close(), "close " + path);
   }
 }

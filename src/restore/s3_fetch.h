@@ -24,10 +24,10 @@ namespace tsnap::restore {
 inline constexpr int kFetchThreads = 8;
 
 /// Copies snapshot `name` of `root` into the directory `dir` (created; must not exist): each
-/// shard by ranged GETs of its chunks, each chunk checked before it is written, then fsynced;
-/// the manifest (`text`, whose parse is `m`) last. Errors: FormatError kHashMismatch or
-/// kTruncated naming the object, chunk and byte range; IoError from the store or the local
-/// disk. On error `dir` may hold part of the copy (the caller removes it).
+/// shard by ranged GETs of its chunks, each chunk checked before it is written (not fsynced:
+/// the copies are temporary); the manifest (`text`, whose parse is `m`) last. Errors: FormatError
+/// kHashMismatch or kTruncated naming the object, chunk and byte range; IoError from the store or
+/// the local disk. On error `dir` may hold part of the copy (the caller removes it).
 void fetch(const format::S3Root& root, const std::string& name, const Manifest& m,
            const std::string& text, const std::filesystem::path& dir);
 
