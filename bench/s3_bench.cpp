@@ -29,7 +29,7 @@
 #include "common/run_parallel.h"
 #include "format/s3_root.h"
 #include "io/s3_client.h"
-#include "pipeline/drain.h"
+#include "pipeline/s3_store.h"
 #include "restore/s3_fetch.h"
 #include "tsnap/load.h"
 #include "tsnap/remove.h"

@@ -18,8 +18,7 @@ std::optional<fs::path> latest(const fs::path& root) {
   format::SnapshotAge best_age;
   for (const Listed& l : list(root)) {
     if (!l.committed) continue;
-    const format::SnapshotAge age{format::step_of(l.manifest->metadata),
-                                  l.manifest->created_unix_ns};
+    const format::SnapshotAge age = format::age_of(*l.manifest);
     if (!best || format::newer(age, best_age)) {
       best = l.path;
       best_age = age;

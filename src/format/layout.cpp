@@ -11,6 +11,7 @@
 
 #include "format/hash.h"
 #include "tsnap/error.h"
+#include "tsnap/manifest.h"
 
 namespace tsnap::format {
 namespace {
@@ -166,6 +167,8 @@ bool newer(const SnapshotAge& a, const SnapshotAge& b) {
   if (a.step != b.step) return !b.step || (a.step && *a.step > *b.step);
   return a.created_unix_ns > b.created_unix_ns;
 }
+
+SnapshotAge age_of(const Manifest& m) { return {step_of(m.metadata), m.created_unix_ns}; }
 
 std::vector<std::string> objects_of(const std::vector<std::string>& keys) {
   std::vector<std::string> out;

@@ -14,6 +14,10 @@
 #include <string>
 #include <vector>
 
+namespace tsnap {
+struct Manifest;
+}  // namespace tsnap
+
 namespace tsnap::format {
 
 /// Throws InvalidArgument unless `name` can be a snapshot directory under a root: non-empty, at
@@ -74,6 +78,8 @@ struct SnapshotAge {
 
 /// True if `a` is newer than `b` (used by `latest()` and `PeriodicSnapshots::resume`).
 bool newer(const SnapshotAge& a, const SnapshotAge& b);
+/// The age of the snapshot whose manifest is `m`.
+SnapshotAge age_of(const Manifest& m);
 
 /// Checkpoint objects: keys "<object>/<key>". The objects among `keys` (the part before the
 /// first '/'), sorted, without repeats.

@@ -653,8 +653,7 @@ std::optional<fs::path> Snapshotter::latest() const {
     format::SnapshotAge best;
     for (const Listed& l : list(root())) {
       if (!l.committed || !format::holds_every_file(l.path, *l.manifest)) continue;
-      const format::SnapshotAge age{format::step_of(l.manifest->metadata),
-                                    l.manifest->created_unix_ns};
+      const format::SnapshotAge age = format::age_of(*l.manifest);
       if (!local || format::newer(age, best)) {
         local = l.path;
         best = age;
@@ -674,8 +673,8 @@ std::optional<fs::path> Snapshotter::latest() const {
   if (!local || !durable) return local ? local : durable;
   try {
     const Manifest a = read_manifest(*local), b = read_manifest(*durable);
-    const format::SnapshotAge local_age{format::step_of(a.metadata), a.created_unix_ns};
-    const format::SnapshotAge durable_age{format::step_of(b.metadata), b.created_unix_ns};
+    const format::SnapshotAge local_age = format::age_of(a);
+    const format::SnapshotAge durable_age = format::age_of(b);
     return format::newer(durable_age, local_age) ? durable : local;  // a tie: the local one
   } catch (const Error&) {
     return local;  // one was removed or replaced since: ask again for an exact answer

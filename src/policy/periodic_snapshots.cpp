@@ -549,8 +549,7 @@ int64_t PeriodicSnapshots::resume(const ApplyCheckpoint& apply) {
               l.problem);
         continue;
       }
-      const format::SnapshotAge age{format::step_of(l.manifest->metadata),
-                                    l.manifest->created_unix_ns};
+      const format::SnapshotAge age = format::age_of(*l.manifest);
       if (!age.step) continue;  // only periodic snapshots resume
       Candidate c{age, l.path, l.name, l.manifest->id, root == roots.front()};
       if (!complete_here(c, *l.manifest)) continue;
