@@ -1,5 +1,5 @@
-// The storage-root conformance suite (support/storage_root_suite.h) against a directory root;
-// tests/s3/ runs it against an S3 prefix.
+// The storage-root conformance suites (support/storage_root_suite.h: read and write sides) against
+// a directory root; tests/s3/ runs it against an S3 prefix.
 
 #include <fstream>
 
@@ -25,6 +25,9 @@ class DirBackend final : public StorageRootBackend {
 };
 
 INSTANTIATE_TEST_SUITE_P(Directory, StorageRootSuite,
+                         ::testing::Values(std::make_shared<DirBackend>()),
+                         [](const auto& info) { return info.param->kind(); });
+INSTANTIATE_TEST_SUITE_P(Directory, DurableStoreSuite,
                          ::testing::Values(std::make_shared<DirBackend>()),
                          [](const auto& info) { return info.param->kind(); });
 

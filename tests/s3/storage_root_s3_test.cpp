@@ -1,5 +1,5 @@
-// The storage-root conformance suite (support/storage_root_suite.h) against an S3 prefix on the
-// tests' server; tests/format/ runs it against a directory root.
+// The storage-root conformance suites (support/storage_root_suite.h: read and write sides) against
+// an S3 prefix on the tests' server; tests/format/ runs it against a directory root.
 
 #include <unistd.h>
 
@@ -22,7 +22,8 @@ class S3Backend final : public StorageRootBackend {
     s3.export_environment();
     const std::string bucket = "tsnap-conformance-" + std::to_string(::getpid());
     io::S3Client(s3.config()).create_bucket(bucket);
-    return "s3://" + bucket + "/root-" + std::to_string(next_++);
+    static int next = 0;  // one count for every suite's backend: roots never repeat
+    return "s3://" + bucket + "/root-" + std::to_string(next++);
   }
   std::string why() const override { return why_; }
   void make_partial(const std::string& root, const std::string& name) override {
@@ -33,10 +34,12 @@ class S3Backend final : public StorageRootBackend {
 
  private:
   std::string why_;
-  int next_ = 0;
 };
 
 INSTANTIATE_TEST_SUITE_P(ObjectStorage, StorageRootSuite,
+                         ::testing::Values(std::make_shared<S3Backend>()),
+                         [](const auto& info) { return info.param->kind(); });
+INSTANTIATE_TEST_SUITE_P(ObjectStorage, DurableStoreSuite,
                          ::testing::Values(std::make_shared<S3Backend>()),
                          [](const auto& info) { return info.param->kind(); });
 

@@ -1,8 +1,9 @@
 #pragma once
-// One conformance suite for every kind of snapshot root (format/storage_root.h): a test
-// program instantiates StorageRootSuite with a backend for its kind (a directory, an S3
-// prefix), and the same tests check that each gives the same answers. The snapshots are put
-// there as users put them: saved to a local root and drained into the root under test.
+// One conformance suite for every kind of snapshot root: a test program instantiates
+// StorageRootSuite (the read side, format/storage_root.h) and DurableStoreSuite (the write
+// side, pipeline/durable_store.h) with a backend for its kind (a directory, an S3 prefix), and
+// the same tests check that each gives the same answers. The snapshots are put there as users
+// put them: saved to a local root and drained into the root under test.
 //
 //   INSTANTIATE_TEST_SUITE_P(Directory, StorageRootSuite,
 //                            ::testing::Values(std::make_shared<DirBackend>()));
@@ -15,7 +16,11 @@
 #include <string>
 #include <vector>
 
+#include "format/manifest_io.h"
+#include "format/open_file.h"
 #include "format/storage_root.h"
+#include "io/engine.h"
+#include "pipeline/durable_store.h"
 #include "support/test_util.h"
 #include "tsnap/error.h"
 #include "tsnap/manifest.h"
@@ -173,6 +178,130 @@ TEST_P(StorageRootSuite, OpensTheRootOfASnapshotFromItsLocation) {
   EXPECT_EQ(root->locate("b"), root_->locate("b"));
   EXPECT_EQ(root->read_manifest(name).id, read_manifest(local_ / "b").id);
   EXPECT_EQ(read_manifest(root_->locate("b")).id, read_manifest(local_ / "b").id);
+}
+
+// The write side: what the drain writes through, on the same roots.
+class DurableStoreSuite : public StorageRootSuite {
+ protected:
+  void SetUp() override {
+    StorageRootSuite::SetUp();
+    if (IsSkipped()) return;
+    SnapshotterOptions o;
+    o.root = local_ / "more";
+    o.chunk_bytes = 64 << 10;
+    o.staging.budget_bytes = 4 << 20;
+    Snapshotter snap(o);
+    StateDict sd;
+    sd.insert("w", make_tensor(at::kFloat, {100000}, 'c'));
+    sd.insert("v", make_tensor(at::kLong, {3}, 9));
+    snap.save_async("c", sd).wait();
+    manifest_ = read_manifest(local_ / "more" / "c");
+    text_ = local_text("more/c", kManifestName);
+  }
+
+  // The store of the root under test, as rank `node_rank` of a group (-1: alone).
+  std::unique_ptr<pipeline::DurableStore> store(int node_rank = -1) const {
+    pipeline::DurableConfig config;
+    config.root = location_;
+    config.engine = io::make_pwrite_engine(1, /*background=*/false);
+    config.pace = [](uint64_t) {};
+    config.node_rank = node_rank;
+    return pipeline::DurableStore::open(std::move(config));
+  }
+
+  // Writes every file of the local snapshot `from` (under local_) with manifest `m`.
+  void write_all(pipeline::DurableSave& save, const std::string& from, const Manifest& m,
+                 DrainRecord& record) const {
+    const format::SnapshotDir dir = format::SnapshotDir::open(local_ / from);
+    for (const FileRecord& f : m.files) {
+      const format::OpenedFile src = format::open_snapshot_file(dir, f.name, "shard");
+      save.write(pipeline::CheckedSource(src, dir.label(f.name), f, save.where(f)), record);
+    }
+  }
+
+  bool committed(const std::string& name) const {
+    for (const Listed& l : root_->list()) {
+      if (l.name == name) return l.committed;
+    }
+    return false;
+  }
+
+  Manifest manifest_;
+  std::string text_;
+};
+
+TEST_P(DurableStoreSuite, PublishesASaveLastAndOnlyOnceEveryFileIsWritten) {
+  const auto s = store();
+  EXPECT_FALSE(s->settled("c", manifest_));
+  DrainRecord record;
+  {
+    const auto save = s->begin("c", manifest_, /*shared=*/false);
+    write_all(*save, "more/c", manifest_, record);
+    EXPECT_FALSE(committed("c"));
+    EXPECT_FALSE(root_->manifest_text("c").has_value());
+    EXPECT_TRUE(save->publish(text_, record));
+  }
+  EXPECT_TRUE(committed("c"));
+  EXPECT_EQ(root_->manifest_text("c"), text_);
+  uint64_t bytes = text_.size();
+  for (const FileRecord& f : manifest_.files) {
+    std::string got(f.size, '\0');
+    root_->read("c", f.name, 0, got.data(), f.size);
+    EXPECT_EQ(got, local_text("more/c", f.name)) << f.name;
+    bytes += f.size;
+  }
+  EXPECT_EQ(record.bytes, bytes);
+  EXPECT_TRUE(s->settled("c", manifest_));
+  // A newer save of the name there settles an older one too.
+  EXPECT_TRUE(s->settled("b", read_manifest(local_ / "a")));
+}
+
+TEST_P(DurableStoreSuite, RefusesAChunkThatDoesNotMatchItsHashAndPublishesNothing) {
+  std::filesystem::copy(local_ / "more" / "c", local_ / "more" / "d");
+  const FileRecord& f = manifest_.files.at(0);
+  {
+    std::fstream out(local_ / "more" / "d" / f.name,
+                     std::ios::binary | std::ios::in | std::ios::out);
+    out.seekp(static_cast<std::streamoff>(f.size - 10));
+    out.put('\x5a');
+  }
+  const auto s = store();
+  {
+    const auto save = s->begin("d", manifest_, /*shared=*/false);
+    DrainRecord record;
+    try {
+      write_all(*save, "more/d", manifest_, record);
+      ADD_FAILURE() << "a corrupt chunk was written";
+    } catch (const FormatError& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kHashMismatch) << e.what();
+      EXPECT_NE(std::string(e.what()).find("chunk " + std::to_string(f.chunk_hashes.size() - 1)),
+                std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find(f.name), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_FALSE(committed("d"));
+  EXPECT_FALSE(root_->manifest_text("d").has_value());
+}
+
+TEST_P(DurableStoreSuite, PublishesASharedSaveByTheRankThatCompletesIt) {
+  const auto s0 = store(0);
+  const auto s1 = store(1);
+  const auto save0 = s0->begin("c", manifest_, /*shared=*/true);
+  const auto save1 = s1->begin("c", manifest_, /*shared=*/true);
+  DrainRecord record0, record1;
+  EXPECT_TRUE(save0->in_place().empty());
+  EXPECT_FALSE(save0->publish(text_, record0));  // nothing written yet
+  EXPECT_FALSE(committed("c"));
+  write_all(*save1, "more/c", manifest_, record1);
+  EXPECT_EQ(save0->in_place().size(), manifest_.files.size());
+  EXPECT_TRUE(save0->has(manifest_.files.at(0)));
+  EXPECT_FALSE(committed("c"));
+  EXPECT_TRUE(save1->publish(text_, record1));
+  EXPECT_TRUE(committed("c"));
+  EXPECT_EQ(root_->manifest_text("c"), text_);
+  EXPECT_FALSE(save0->publish(text_, record0));  // published by the other rank
+  EXPECT_TRUE(s0->settled("c", manifest_));
 }
 
 }  // namespace tsnap::test_support
