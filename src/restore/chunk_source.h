@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <vector>
 
 #include "io/engine.h"
@@ -31,7 +32,16 @@ class ChunkSource {
   // that the fetch put straight into their targets, and the rest of the chunk into the slot's
   // buffer at its offset; null when all of it went to the buffer.
   virtual const std::vector<size_t>* in_place(size_t job) const { return nullptr; }
+  // Why the fetch of chunk `job` failed, where the source knows better than an errno (a
+  // store's error names the object and the operation); null: the errno says it.
+  virtual std::exception_ptr failure(size_t job) const { return nullptr; }
 };
+
+/// How many chunks of `plan` a load keeps in flight, each in a buffer of `buf_bytes`: as many
+/// as options.read_budget_bytes holds (at least one), or every chunk for an atomic load.
+/// Errors: kUnsupported for a chunk over the reader's limit; kInvalidArgument when an atomic
+/// load's chunks do not fit the budget.
+size_t read_slots(const ReadPlan& plan, const LoadOptions& options, uint64_t buf_bytes);
 
 /// Runs the reads of `plan` from `source` with `slots` fetches at once and `extra` processor
 /// threads besides the caller's, then (atomic) scatters them into `targets`; throws the first

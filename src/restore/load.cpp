@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -11,12 +12,14 @@
 #include "common/text_table.h"
 #include "format/dtype.h"
 #include "format/manifest_io.h"
+#include "format/s3_root.h"
+#include "format/storage_root.h"
 #include "restore/device_destinations.h"
 #include "restore/read_chunks.h"
 #include "restore/read_hot_chunks.h"
 #include "restore/read_plan.h"
 #include "restore/read_snapshot.h"
-#include "restore/s3_fetch.h"
+#include "restore/read_store_chunks.h"
 #include "stage/hot_image.h"
 #include "tsnap/error.h"
 #include "tsnap/hot_snapshot.h"
@@ -197,21 +200,23 @@ Source disk_source(const format::SnapshotDir& dir, const Manifest& m,
           }};
 }
 
-// A snapshot in object storage: its manifest fetched (`local`), its shards fetched when the
-// reads of some records need them, then read as a local directory.
-Source s3_source(restore::FetchedSnapshot& local, const format::SnapshotDir& dir,
-                 restore::OpenedShards& opened) {
-  const Manifest& m = local.manifest();
-  return {m, dir.path,
-          [&local, &dir, &m, &opened](const std::vector<const TensorRecord*>& records) {
-            local.fetch_for(records);
-            opened = restore::open_shards(dir, m, records);
+// A snapshot behind a storage root other than a directory (object storage): its chunks read
+// by ranged reads, straight into the load's buffers.
+Source store_source(restore::StoredSnapshot& stored, const std::filesystem::path& path) {
+  return {stored.manifest(), path,
+          [&stored](const std::vector<const TensorRecord*>& records) {
+            std::vector<const FileRecord*> files;
+            for (const TensorRecord* r : records) {
+              const FileRecord* f = stored.manifest().find_file(r->file);
+              if (f != nullptr && std::find(files.begin(), files.end(), f) == files.end()) {
+                files.push_back(f);
+              }
+            }
+            stored.check_files(files);
           },
-          [&local, &dir, &m, &opened](const std::vector<restore::Target>& targets,
-                                      const restore::ReadPlan& plan, const LoadOptions& options,
-                                      bool in_place) {
-            local.fetch_for(plan);  // the chunks read, not the whole records
-            return restore::read_chunks(dir, m, targets, plan, options, in_place, &opened);
+          [&stored](const std::vector<restore::Target>& targets, const restore::ReadPlan& plan,
+                    const LoadOptions& options, bool in_place) {
+            return restore::read_store_chunks(stored, targets, plan, options, in_place);
           }};
 }
 
@@ -277,10 +282,10 @@ StateDict load_from(const Source& src, const LoadOptions& options) {
 
 StateDict load(const std::filesystem::path& path, const LoadOptions& options) {
   if (format::is_s3(path)) {
-    restore::FetchedSnapshot local(path.native(), /*every_file=*/false);
-    const format::SnapshotDir dir = format::SnapshotDir::open(local.path());
-    restore::OpenedShards opened;
-    return load_from(s3_source(local, dir, opened), options);
+    const auto [root, name] = format::StorageRoot::of_snapshot(path);
+    const Manifest m = root->read_manifest(name);
+    restore::StoredSnapshot stored(*root, name, m);
+    return load_from(store_source(stored, path), options);
   }
   return restore::read_snapshot(path, [&](const format::SnapshotDir& dir) {
     const Manifest m = format::read_manifest_in(dir);
@@ -406,10 +411,10 @@ LoadReport load_into(const std::filesystem::path& path, StateDict& dest,
                      const LoadOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
   if (format::is_s3(path)) {
-    restore::FetchedSnapshot local(path.native(), /*every_file=*/false);
-    const format::SnapshotDir dir = format::SnapshotDir::open(local.path());
-    restore::OpenedShards opened;
-    return load_into_from(s3_source(local, dir, opened), dest, options, t0);
+    const auto [root, name] = format::StorageRoot::of_snapshot(path);
+    const Manifest m = root->read_manifest(name);
+    restore::StoredSnapshot stored(*root, name, m);
+    return load_into_from(store_source(stored, path), dest, options, t0);
   }
   return restore::read_snapshot(path, [&](const format::SnapshotDir& dir) {
     const Manifest m = format::read_manifest_in(dir);

@@ -318,6 +318,7 @@ class Reads {
     const ChunkRead& c = plan_.chunks[d.job];
     const ChunkCheck& r = source_.check(c.file);
     if (d.result < 0) {
+      if (const std::exception_ptr e = source_.failure(d.job)) std::rethrow_exception(e);
       detail::throw_sys_error(d.result, "read " + r.path() + " chunk " + std::to_string(c.chunk) +
                                             " at offset " + std::to_string(c.offset));
     }
@@ -516,6 +517,27 @@ void run_reads(const ReadPlan& plan, const std::vector<Target>& targets, ChunkSo
   if (options.atomic) reads.scatter_deferred(extra);
 }
 
+size_t read_slots(const ReadPlan& plan, const LoadOptions& options, uint64_t buf_bytes) {
+  if (plan.max_chunk_length > kMaxChunk) {
+    throw_error(ErrorCode::kUnsupported, "a chunk of " + std::to_string(plan.max_chunk_length) +
+                                             " bytes is larger than the reader's limit of " +
+                                             std::to_string(kMaxChunk));
+  }
+  const size_t n = plan.chunks.size();
+  if (!options.atomic) {
+    return static_cast<size_t>(
+        std::clamp<uint64_t>(options.read_budget_bytes / std::max<uint64_t>(buf_bytes, 1), 1, n));
+  }
+  if (n * buf_bytes > options.read_budget_bytes) {
+    throw_error(ErrorCode::kInvalidArgument,
+                "an atomic load of these keys stages " + std::to_string(n) + " chunks (" +
+                    std::to_string(n * buf_bytes) + " bytes), more than read_budget_bytes (" +
+                    std::to_string(options.read_budget_bytes) +
+                    "): raise the budget or select fewer keys");
+  }
+  return n;
+}
+
 OpenedShards open_shards(const format::SnapshotDir& dir, const Manifest& manifest,
                          const std::vector<const TensorRecord*>& records) {
   std::map<std::string, const FileRecord*> files;
@@ -533,25 +555,8 @@ ReadStats read_chunks(const format::SnapshotDir& dir, const Manifest& manifest,
                       const LoadOptions& options, bool in_place, OpenedShards* opened) {
   ReadStats stats;
   if (plan.chunks.empty()) return stats;
-  if (plan.max_chunk_length > kMaxChunk) {
-    throw_error(ErrorCode::kUnsupported, "a chunk of " + std::to_string(plan.max_chunk_length) +
-                                             " bytes is larger than the reader's limit of " +
-                                             std::to_string(kMaxChunk));
-  }
   const uint64_t buf_bytes = align_up(plan.max_chunk_length);
-  const size_t n = plan.chunks.size();
-  size_t count =
-      static_cast<size_t>(std::clamp<uint64_t>(options.read_budget_bytes / buf_bytes, 1, n));
-  if (options.atomic) {
-    count = n;
-    if (n * buf_bytes > options.read_budget_bytes) {
-      throw_error(ErrorCode::kInvalidArgument,
-                  "an atomic load of these keys stages " + std::to_string(n) + " chunks (" +
-                      std::to_string(n * buf_bytes) + " bytes), more than read_budget_bytes (" +
-                      std::to_string(options.read_budget_bytes) +
-                      "): raise the budget or select fewer keys");
-    }
-  }
+  size_t count = read_slots(plan, options, buf_bytes);
 
   // Open and check every shard before anything is read or written (unless the caller did).
   std::vector<OpenShard> shards(plan.files.size());

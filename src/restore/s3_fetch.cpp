@@ -151,11 +151,11 @@ void fetch(const format::S3Root& root, const std::string& name, const Manifest& 
   write_manifest(text, dir);
 }
 
-FetchedSnapshot::FetchedSnapshot(const std::string& url, bool every_file) {
-  std::pair<format::S3Root, std::string> at = format::S3Root::of_snapshot(url);
-  root_ = std::make_unique<format::S3Root>(std::move(at.first));
-  name_ = std::move(at.second);
-  const std::optional<std::string> text = root_->manifest_text(name_);
+FetchedSnapshot::FetchedSnapshot(const std::string& url) {
+  const std::pair<format::S3Root, std::string> at = format::S3Root::of_snapshot(url);
+  const format::S3Root& root = at.first;
+  name_ = at.second;
+  const std::optional<std::string> text = root.manifest_text(name_);
   if (!text) throw_error(ErrorCode::kNotFound, "snapshot " + url + " does not exist (no manifest)");
   manifest_ = format::parse_manifest(*text, url + "/" + kManifestName);
   const char* env = std::getenv("TSNAP_FETCH_DIR");
@@ -165,77 +165,11 @@ FetchedSnapshot::FetchedSnapshot(const std::string& url, bool every_file) {
   if (::mkdir(top_.c_str(), 0700) != 0) detail::throw_sys_error(-errno, "create " + top_.string());
   snapshot_ = top_ / name_;
   try {
-    if (every_file) {
-      fetch(*root_, name_, manifest_, *text, snapshot_);
-    } else {
-      if (::mkdir(snapshot_.c_str(), 0755) != 0) {
-        detail::throw_sys_error(-errno, "create " + snapshot_.string());
-      }
-      write_manifest(*text, snapshot_);
-    }
+    fetch(root, name_, manifest_, *text, snapshot_);
   } catch (...) {
     (void)detail::remove_tree(top_.string());
     throw;
   }
-  fetched_.resize(manifest_.files.size());
-  for (size_t i = 0; i < manifest_.files.size(); ++i) {
-    fetched_[i].assign(manifest_.files[i].chunk_hashes.size(), every_file);
-    if (every_file) fetched_bytes_ += manifest_.files[i].size;
-  }
-}
-
-void FetchedSnapshot::fetch_ranges(const std::vector<FileRange>& ranges) {
-  std::vector<ChunkTask> tasks;
-  auto want = [&](size_t file, uint64_t chunk) {
-    if (fetched_[file][chunk]) return;
-    fetched_[file][chunk] = true;  // once, however many pieces share it
-    tasks.push_back({file, chunk});
-  };
-  for (const FileRange& r : ranges) {
-    const FileRecord& f = manifest_.files[r.file];
-    const uint64_t chunk = std::max<uint64_t>(f.chunk_bytes, 1);
-    const uint64_t chunks = f.chunk_hashes.size();
-    // The chunks that hold the file's header (a reader opens the file by it), then the range's.
-    for (uint64_t c = 0; c < chunks && c * chunk < f.data_offset; ++c) want(r.file, c);
-    if (r.end > r.begin) {
-      for (uint64_t c = r.begin / chunk; c < chunks && c * chunk < r.end; ++c) want(r.file, c);
-    }
-  }
-  if (tasks.empty()) return;
-  std::sort(tasks.begin(), tasks.end(), [](const ChunkTask& a, const ChunkTask& b) {
-    return a.file != b.file ? a.file < b.file : a.chunk < b.chunk;
-  });
-  try {
-    fetch_chunks(*root_, name_, manifest_, snapshot_, tasks);
-  } catch (...) {
-    for (const ChunkTask& t : tasks) fetched_[t.file][t.chunk] = false;
-    throw;
-  }
-  for (const ChunkTask& t : tasks) fetched_bytes_ += chunk_length(manifest_.files[t.file], t.chunk);
-}
-
-size_t FetchedSnapshot::file_index(const std::string& file) const {
-  for (size_t i = 0; i < manifest_.files.size(); ++i) {
-    if (manifest_.files[i].name == file) return i;
-  }
-  throw_error(ErrorCode::kBadManifest,
-              "the manifest names shard " + file + ", which it does not list among its files");
-}
-
-void FetchedSnapshot::fetch_for(const std::vector<const TensorRecord*>& records) {
-  std::vector<FileRange> ranges;
-  ranges.reserve(records.size());
-  for (const TensorRecord* r : records) ranges.push_back({file_index(r->file), r->begin, r->end});
-  fetch_ranges(ranges);
-}
-
-void FetchedSnapshot::fetch_for(const ReadPlan& plan) {
-  std::vector<FileRange> ranges;
-  ranges.reserve(plan.chunks.size());
-  for (const ChunkRead& c : plan.chunks) {
-    ranges.push_back({file_index(plan.files[c.file]->name), c.offset, c.offset + c.length});
-  }
-  fetch_ranges(ranges);
 }
 
 FetchedSnapshot::~FetchedSnapshot() { (void)detail::remove_tree(top_.string()); }

@@ -2,8 +2,9 @@
 /// \file
 /// Reading snapshots that live in object storage (format/s3_root.h): the chunks of each shard
 /// come back as ranged GETs, several at once, and each is checked against the manifest's
-/// XXH3-64 before it is used. load, load_into and open read a local copy that fetch makes in a
-/// temporary directory (removed afterwards); verify hashes the chunks as they arrive.
+/// XXH3-64 before it is used. open (the lazy reader) reads a local copy that fetch makes in a
+/// temporary directory (removed afterwards); verify hashes the chunks as they arrive. load and
+/// load_into read without a copy (restore/read_store_chunks.h).
 ///
 /// Thread-safety: every function may be called from any thread. Each call runs its own
 /// threads (kFetchThreads) and joins them before it returns.
@@ -14,14 +15,11 @@
 #include <vector>
 
 #include "format/s3_root.h"
-#include "restore/read_plan.h"
+#include "restore/read_store_chunks.h"
 #include "tsnap/load.h"
 #include "tsnap/manifest.h"
 
 namespace tsnap::restore {
-
-/// Ranged GETs in flight at once.
-inline constexpr int kFetchThreads = 8;
 
 /// Copies snapshot `name` of `root` into the directory `dir` (created; must not exist): each
 /// shard by ranged GETs of its chunks, each chunk checked before it is written (not fsynced:
@@ -32,16 +30,14 @@ void fetch(const format::S3Root& root, const std::string& name, const Manifest& 
            const std::string& text, const std::filesystem::path& dir);
 
 /// A local copy of snapshot `url` ("s3://bucket/prefix/name") in a new temporary directory
-/// (under TSNAP_FETCH_DIR, else the system's temporary directory), removed by the destructor:
-/// every file at once (`every_file`), or the manifest alone and then the chunks that
-/// fetch_for() is asked for: a load of some keys, or of one rank's pieces, GETs only the chunks
-/// that hold them (and each file's header chunk), each once however many pieces share it; the
-/// rest of each file stays a hole that nothing reads.
+/// (under TSNAP_FETCH_DIR, else the system's temporary directory), every file fetched at once,
+/// removed by the destructor. For readers that need files (the lazy reader, exports); loads
+/// read without a copy (restore/read_store_chunks.h).
 /// Errors: those of fetch and S3Root::read_manifest. Ownership: owns the directory.
 /// Thread-safety: one thread at a time.
 class FetchedSnapshot {
  public:
-  explicit FetchedSnapshot(const std::string& url, bool every_file = true);
+  explicit FetchedSnapshot(const std::string& url);
   ~FetchedSnapshot();
   FetchedSnapshot(const FetchedSnapshot&) = delete;
   FetchedSnapshot& operator=(const FetchedSnapshot&) = delete;
@@ -49,27 +45,10 @@ class FetchedSnapshot {
   const std::filesystem::path& path() const { return snapshot_; }
   /// Its manifest.
   const Manifest& manifest() const { return manifest_; }
-  /// Fetches the chunks that hold `records` (of manifest()) and are not local yet.
-  void fetch_for(const std::vector<const TensorRecord*>& records);
-  /// Fetches the chunks that `plan` (of manifest()) reads and are not local yet.
-  void fetch_for(const ReadPlan& plan);
-  /// The bytes fetched so far (the whole snapshot's with `every_file`).
-  uint64_t fetched_bytes() const { return fetched_bytes_; }
 
  private:
-  struct FileRange {
-    size_t file;     // index into manifest_.files
-    uint64_t begin;  // byte range in the file
-    uint64_t end;
-  };
-  void fetch_ranges(const std::vector<FileRange>& ranges);
-  size_t file_index(const std::string& file) const;
-
-  std::unique_ptr<format::S3Root> root_;
   std::string name_;
   Manifest manifest_;
-  std::vector<std::vector<bool>> fetched_;  // by file index, then chunk
-  uint64_t fetched_bytes_ = 0;
   std::filesystem::path top_;       // the temporary directory
   std::filesystem::path snapshot_;  // top_/<name>
 };
