@@ -174,11 +174,7 @@ FetchedSnapshot::FetchedSnapshot(const std::string& url) {
 
 FetchedSnapshot::~FetchedSnapshot() { (void)detail::remove_tree(top_.string()); }
 
-std::vector<BadChunk> verify_s3(const std::string& url) {
-  // (Named, not structured bindings: the lambda below captures them.)
-  const std::pair<format::S3Root, std::string> at = format::S3Root::of_snapshot(url);
-  const format::S3Root& root = at.first;
-  const std::string& name = at.second;
+std::vector<BadChunk> verify_stored(const format::StorageRoot& root, const std::string& name) {
   const Manifest m = root.read_manifest(name);
   // A chunk past the end of its object (or of a missing one) is reported without a GET, so
   // nothing is allocated for what a manifest claims beyond the objects.
@@ -200,14 +196,13 @@ std::vector<BadChunk> verify_s3(const std::string& url) {
     }
   }
   std::mutex mu;
-  io::S3Client& client = root.client();
   for_each_chunk(m, tasks, [&](const ChunkTask& t, uint8_t* buffer) {
     const FileRecord& f = m.files[t.file];
     const uint64_t offset = t.chunk * f.chunk_bytes;
     const uint64_t len = chunk_length(f, t.chunk);
     std::string problem;
     try {
-      client.get_range(root.location().bucket, root.key(name, f.name), offset, buffer, len);
+      root.read(name, f.name, offset, buffer, static_cast<size_t>(len));
       if (format::hash64(buffer, len) != f.chunk_hashes[t.chunk]) problem = "hash mismatch";
     } catch (const Error& e) {
       if (e.code() != ErrorCode::kNotFound && e.code() != ErrorCode::kTruncated) throw;

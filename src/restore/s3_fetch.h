@@ -53,9 +53,10 @@ class FetchedSnapshot {
   std::filesystem::path snapshot_;  // top_/<name>
 };
 
-/// verify() of a snapshot in object storage: every chunk of every shard fetched and hashed;
-/// the bad ones (hash mismatch, truncated or missing object) are returned.
-/// Errors: those of S3Root::read_manifest; IoError when the store fails.
-std::vector<BadChunk> verify_s3(const std::string& url);
+/// verify() of snapshot `name` of a root read by ranges (object storage): every chunk of every
+/// file fetched and hashed, kFetchThreads at once; the bad ones (hash mismatch, truncated or
+/// missing file) are returned. A chunk past the end of its file is reported without a read.
+/// Errors: those of StorageRoot::read_manifest; IoError when the root fails.
+std::vector<BadChunk> verify_stored(const format::StorageRoot& root, const std::string& name);
 
 }  // namespace tsnap::restore

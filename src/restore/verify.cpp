@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "format/manifest_io.h"
+#include "format/storage_root.h"
 #include "restore/read_chunks.h"
 #include "restore/read_plan.h"
 #include "restore/read_snapshot.h"
@@ -55,7 +56,10 @@ bool sound(const format::SnapshotDir& dir, const Manifest& m) {
 }  // namespace
 
 std::vector<BadChunk> verify(const std::filesystem::path& path) {
-  if (format::is_s3(path)) return restore::verify_s3(path.native());
+  if (format::is_s3(path)) {
+    const auto [root, name] = format::StorageRoot::of_snapshot(path);
+    return restore::verify_stored(*root, name);
+  }
   return restore::read_snapshot(path, [](const format::SnapshotDir& dir) {
     const Manifest m = format::read_manifest_in(dir);
     if (sound(dir, m)) return std::vector<BadChunk>{};
