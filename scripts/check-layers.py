@@ -86,7 +86,8 @@ PUBLIC = {
     "hot_snapshot.h": "stage",
     # dist/: dist_group.cpp.
     "dist_group.h": "dist",
-    # pipeline/: save.cpp, save_handle.cpp, snapshotter.cpp, remove.cpp.
+    # pipeline/: save.cpp, save_handle.cpp, snapshotter.cpp, remove.cpp, agent.cpp.
+    "agent.h": "pipeline",
     "save.h": "pipeline",
     "save_handle.h": "pipeline",
     "snapshotter.h": "pipeline",

@@ -111,6 +111,20 @@ struct TSNAP_API TierOptions {
   bool node_local = false;
 };
 
+/// A Snapshotter's link to a snapshot agent (tsnap/agent.h), which makes every save that
+/// save_async returned outlive the trainer. Off by default (an empty socket).
+struct TSNAP_API AgentLinkOptions {
+  /// The agent's Unix socket (`tsnap agent --socket PATH`); empty: no agent. With one, the
+  /// staging pool is shared memory (never pinned), `staging.keep_hot` is on, saves are full
+  /// (incremental is ignored), and the pool must hold a whole save: the automatic budget does.
+  std::filesystem::path socket;
+  /// When the agent cannot be reached at construction, or its link goes down: false (the
+  /// default) fails the Snapshotter's construction and each later save (IoError naming the
+  /// socket), so that no save runs without the guarantee it asked for; true saves in-process
+  /// as without an agent, and says so once on standard error.
+  bool fall_back = false;
+};
+
 // The deprecated members below warn where a program names them, not where the compiler
 // synthesises the struct's copies and destructor (which name every member).
 #pragma GCC diagnostic push
@@ -140,7 +154,8 @@ struct TSNAP_API SnapshotterOptions {
   /// commits the one snapshot once every rank's files are durable. Every rank's handle then
   /// completes with the same outcome.
   std::shared_ptr<DistGroup> group;
-  TierOptions tier;  ///< The durable tier (none by default).
+  TierOptions tier;        ///< The durable tier (none by default).
+  AgentLinkOptions agent;  ///< A snapshot agent (none by default).
 
   /// \name Deprecated names of tsnap 0.1, kept until 0.3 (CHANGELOG.md).
   /// Each applies when set to other than its default, and then wins over the grouped field it

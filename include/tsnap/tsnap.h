@@ -2,6 +2,7 @@
 /// \file
 /// The umbrella header: everything tsnap offers. Include single headers to compile faster.
 
+#include "tsnap/agent.h"
 #include "tsnap/apply_report.h"
 #include "tsnap/catalog.h"
 #include "tsnap/checkpoint.h"

@@ -21,6 +21,7 @@ struct TorchCommand {
 inline constexpr TorchCommand kTorchCommands[] = {
     {"bench", "Benchmark checkpoint throughput (like fio for snapshots)"},
     {"consolidate", "Merge a distributed snapshot's pieces into a single-process snapshot"},
+    {"agent", "Run a snapshot agent: saves handed to it outlive their trainer"},
 };
 
 /// "tsnap 0.1.0 (snapshot format v2, LibTorch 2.x)".

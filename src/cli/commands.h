@@ -33,5 +33,6 @@ Command add_export(CLI::App& app);
 // In tsnap-torch:
 Command add_consolidate(CLI::App& app);
 Command add_bench(CLI::App& app);
+Command add_agent(CLI::App& app);
 
 }  // namespace tsnap::cli

@@ -17,7 +17,7 @@ namespace {
 int main_impl(int argc, char** argv) {
   CLI::App app;
   configure(app);
-  std::vector<Command> commands = {add_bench(app), add_consolidate(app)};
+  std::vector<Command> commands = {add_bench(app), add_consolidate(app), add_agent(app)};
   for (Command& c : commands) {
     // LibTorch's errors carry a C++ backtrace: the tool shows their message only.
     c.run = [run = c.run] {

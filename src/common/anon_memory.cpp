@@ -1,6 +1,9 @@
 #include "common/anon_memory.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -11,6 +14,7 @@
 
 #include "common/sys_error.h"
 #include "common/thread_name.h"
+#include "tsnap/error.h"
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23  // Linux 5.14; older headers lack it, older kernels say EINVAL
@@ -24,11 +28,44 @@ namespace {
 
 constexpr uint64_t kPage = 4096;
 
+uint64_t round_to_pages(uint64_t bytes) {
+  return (std::max<uint64_t>(bytes, 1) + kPage - 1) / kPage * kPage;
+}
+
 }  // namespace
 
 AnonMemory::AnonMemory(uint64_t bytes, bool huge, const std::string& what)
-    : size_((std::max<uint64_t>(bytes, 1) + kPage - 1) / kPage * kPage) {
-  void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    : size_(round_to_pages(bytes)) {
+  map(MAP_PRIVATE | MAP_ANONYMOUS, -1, huge, what);
+}
+
+std::unique_ptr<AnonMemory> AnonMemory::shared(uint64_t bytes, int fd, bool huge,
+                                               const std::string& what) {
+  std::unique_ptr<AnonMemory> m(new AnonMemory());
+  m->size_ = round_to_pages(bytes);
+  const std::string size = std::to_string(m->size_) + " bytes of " + what;
+  if (fd < 0) {
+    m->fd_ = ::memfd_create(what.c_str(), MFD_CLOEXEC);
+    if (m->fd_ < 0) throw_sys_error(-errno, "create shared memory for " + size);
+    if (::ftruncate(m->fd_, static_cast<off_t>(m->size_)) != 0) {
+      throw_sys_error(-errno, "size shared memory for " + size);
+    }
+  } else {
+    m->fd_ = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (m->fd_ < 0) throw_sys_error(-errno, "duplicate the shared memory of " + size);
+    struct stat st {};
+    if (::fstat(m->fd_, &st) != 0) throw_sys_error(-errno, "stat the shared memory of " + size);
+    if (static_cast<uint64_t>(st.st_size) < m->size_) {
+      throw_error(ErrorCode::kInvalidArgument, "shared memory of " + std::to_string(st.st_size) +
+                                                   " bytes is too small for " + size);
+    }
+  }
+  m->map(MAP_SHARED, m->fd_, huge, what);
+  return m;
+}
+
+void AnonMemory::map(int flags, int fd, bool huge, const std::string& what) {
+  void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, flags, fd, 0);
   if (p == MAP_FAILED) {
     throw_sys_error(-errno, "allocate " + std::to_string(size_) + " bytes of " + what);
   }
@@ -36,7 +73,10 @@ AnonMemory::AnonMemory(uint64_t bytes, bool huge, const std::string& what)
   if (huge) (void)::madvise(p, size_, MADV_HUGEPAGE);  // advisory
 }
 
-AnonMemory::~AnonMemory() { ::munmap(base_, size_); }
+AnonMemory::~AnonMemory() {
+  if (base_ != nullptr) ::munmap(base_, size_);
+  if (fd_ >= 0) ::close(fd_);
+}
 
 bool populate_untouched(uint8_t* p, uint64_t len) {
   if (len == 0) return true;

@@ -15,9 +15,15 @@
 // a huge-page region must be populated before the kernel copies into it (a pread into one that
 // was not ran 4-10x slower).
 //
-// Thread-safety: immutable once made. Ownership: owns the mapping; unmapped by the destructor.
+// Shared memory (AnonMemory::shared) is the same, backed by a memfd that another process may map:
+// a snapshot agent (pipeline/agent.h) maps a trainer's staging pool so that what the trainer
+// staged outlives it.
+//
+// Thread-safety: immutable once made. Ownership: owns the mapping (and the memfd of shared
+// memory); unmapped and closed by the destructor.
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace tsnap::detail {
@@ -28,16 +34,28 @@ class AnonMemory {
   /// transparent huge pages (ignored where unsupported). `what` names the use in the error.
   /// Errors: IoError naming `what`, the size and errno when the mapping fails.
   AnonMemory(uint64_t bytes, bool huge, const std::string& what);
+  /// Shared memory of `bytes` (rounded up as above): a new memfd when `fd` < 0, else the
+  /// memfd `fd` (duplicated; the caller keeps its own), which must hold at least that many
+  /// bytes. Errors: IoError naming `what`, the size and errno; kInvalidArgument when `fd` is
+  /// shorter.
+  static std::unique_ptr<AnonMemory> shared(uint64_t bytes, int fd, bool huge,
+                                            const std::string& what);
   ~AnonMemory();
   AnonMemory(const AnonMemory&) = delete;
   AnonMemory& operator=(const AnonMemory&) = delete;
 
   uint8_t* data() const { return base_; }
   uint64_t size() const { return size_; }
+  /// The memfd of shared memory; -1 for private memory.
+  int fd() const { return fd_; }
 
  private:
+  AnonMemory() = default;
+  void map(int flags, int fd, bool huge, const std::string& what);
+
   uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
+  int fd_ = -1;
 };
 
 /// Faults in the pages of [p, p + len) now, keeping their contents: in-kernel

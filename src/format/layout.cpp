@@ -168,6 +168,12 @@ bool newer(const SnapshotAge& a, const SnapshotAge& b) {
   return a.created_unix_ns > b.created_unix_ns;
 }
 
+uint64_t chunk_offset(const FileRecord& f, uint64_t c) { return c * f.chunk_bytes; }
+
+uint64_t chunk_length(const FileRecord& f, uint64_t c) {
+  return std::min(f.chunk_bytes, f.size - std::min(f.size, c * f.chunk_bytes));
+}
+
 SnapshotAge age_of(const Manifest& m) { return {step_of(m.metadata), m.created_unix_ns}; }
 
 std::vector<std::string> objects_of(const std::vector<std::string>& keys) {

@@ -16,6 +16,7 @@
 
 namespace tsnap {
 struct Manifest;
+struct FileRecord;
 }  // namespace tsnap
 
 namespace tsnap::format {
@@ -80,6 +81,10 @@ struct SnapshotAge {
 bool newer(const SnapshotAge& a, const SnapshotAge& b);
 /// The age of the snapshot whose manifest is `m`.
 SnapshotAge age_of(const Manifest& m);
+/// File `f`'s chunk `c` (< f.chunk_hashes.size()): where it begins and its length (the last
+/// one may be short).
+uint64_t chunk_offset(const FileRecord& f, uint64_t c);
+uint64_t chunk_length(const FileRecord& f, uint64_t c);
 
 /// Checkpoint objects: keys "<object>/<key>". The objects among `keys` (the part before the
 /// first '/'), sorted, without repeats.

@@ -7,6 +7,8 @@
 
 #include <boost/asio/post.hpp>
 #include <filesystem>
+#include <iostream>
+#include <mutex>
 
 #include "common/glob.h"
 #include "common/sys_error.h"
@@ -154,6 +156,7 @@ void SaveJob::stage(bool lazy) {
     std::lock_guard<std::mutex> lock(error_mu_);
     stage_error = error_;
   }
+  if (!stage_error && agent_) stage_error = hand_to_agent();
   state_->mark_staged(stage_error);
   if (!stage_error && !coordinator_) {
     // Most of a manifest of many tensors, rendered while the chunks are written, off the
@@ -177,6 +180,7 @@ void SaveJob::stage_chunk(size_t index, const std::vector<stage::Sources>& sourc
   const int buf = pool.acquire(&waited);
   if (waited) ++buffer_waits_;
   if (pool.used_before(buf)) ++buffers_reused_;
+  if (agent_) chunk_bufs_[ref.file][ref.chunk] = buf;
   uint8_t* data = pool.data(buf);
   uint64_t len;
   try {
@@ -264,7 +268,9 @@ void SaveJob::submit(plan::ChunkRef ref, int buf, uint64_t len, std::optional<ui
           self->hashes_[ref.file][ref.chunk] =
               hash ? *hash : self->hash_chunk(ref, self->res_.pool->data(buf), len);
         }
-        if (rc != 0 || !self->hot_ || !self->hot_->keep(ref.file, ref.chunk, buf)) {
+        // A save the agent holds keeps even a failed write's buffer until the agent is told.
+        if (!self->hot_ || (rc != 0 && !self->guarded_) ||
+            !self->hot_->keep(ref.file, ref.chunk, buf)) {
           self->res_.pool->release(buf);
         }
         if (rc == 0) self->progress_.done(len);
@@ -339,11 +345,14 @@ void SaveJob::finish() {
                              : format::readable_manifest_text(manifest());
       manifest_bytes = commit_directory(engine, paths_, text, overwrite_, &leftover);
       hot_commit([&] { return format::parse_manifest(text, paths_.final); });
+      if (guarded_) committed_text_ = std::move(text);
     } catch (...) {
       error = std::current_exception();
     }
   }
   if (error && !keep_temporary_) remove_temporary(paths_.temporary);
+  // Before the buffers can go back: the agent lets go of them.
+  if (guarded_) agent_->done(agent_seq_, error ? nullptr : &committed_text_);
   hot_.reset();  // a failed save's kept buffers go back to the pool now
   {
     std::lock_guard<std::mutex> lock(state_->mu);
@@ -514,7 +523,51 @@ void SaveJob::add_tensor_records(Manifest& m, size_t files) const {
   }
 }
 
-Manifest SaveJob::manifest(bool memory, bool tensors) const {
+void SaveJob::guard_with(std::shared_ptr<AgentClient> agent) {
+  agent_ = std::move(agent);
+  agent_seq_ = agent_->next_seq();
+  chunk_bufs_.resize(plan_.files.size());
+  for (size_t f = 0; f < plan_.files.size(); ++f) {
+    chunk_bufs_[f].assign(plan_.files[f].num_chunks(), -1);
+  }
+}
+
+std::exception_ptr SaveJob::hand_to_agent() noexcept {
+  const std::string name = std::filesystem::path(paths_.final).filename().string();
+  try {
+    if (!hot_ || !hot_->try_guard()) {
+      throw_error(ErrorCode::kInvalidArgument,
+                  "save " + name +
+                      " did not fit in the staging pool whole, which a snapshot "
+                      "agent needs: raise staging.budget_bytes (or leave it 0, automatic)");
+    }
+    nlohmann::json bufs = nlohmann::json::object();
+    for (size_t f = 0; f < plan_.written_files; ++f) bufs[plan_.files[f].name] = chunk_bufs_[f];
+    agent_->guard(agent_seq_, name,
+                  format::manifest_to_text(manifest(false, true, /*hashes=*/false)), bufs,
+                  overwrite_);
+    guarded_ = true;
+    return nullptr;
+  } catch (...) {
+    std::exception_ptr e = std::current_exception();
+    if (agent_->fall_back()) {
+      static std::once_flag warned;
+      std::call_once(warned, [&] {
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::exception& x) {
+          std::cerr << "tsnap: saving without the snapshot agent at " << agent_->socket()
+                    << " (agent.fall_back): " << x.what() << std::endl;
+        }
+      });
+      return nullptr;
+    }
+    fail(e);
+    return e;
+  }
+}
+
+Manifest SaveJob::manifest(bool memory, bool tensors, bool hashes) const {
   Manifest m;
   m.id = plan_.id;
   m.tsnap_version = TSNAP_VERSION_STRING;
@@ -532,7 +585,8 @@ Manifest SaveJob::manifest(bool memory, bool tensors) const {
   const size_t files = memory ? plan_.files.size() : plan_.written_files;
   for (size_t f = 0; f < files; ++f) {
     const plan::PlannedFile& file = plan_.files[f];
-    m.files.push_back({file.name, file.size, file.data_offset, file.chunk_bytes, hashes_[f], rank,
+    m.files.push_back({file.name, file.size, file.data_offset, file.chunk_bytes,
+                       hashes ? hashes_[f] : std::vector<uint64_t>(file.num_chunks(), 0), rank,
                        file.header_id == plan_.id ? std::string() : file.header_id,
                        reused_whole_[f] ? plan_.base_name : std::string()});
   }

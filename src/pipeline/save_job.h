@@ -23,6 +23,7 @@
 #include "common/progress_meter.h"
 #include "dist/coordinator.h"
 #include "format/manifest_io.h"
+#include "pipeline/agent_client.h"
 #include "pipeline/commit.h"
 #include "pipeline/resources.h"
 #include "pipeline/reuse.h"
@@ -87,6 +88,9 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   /// image also takes the plan's memory-only files (plan::add_memory_files) and gets this
   /// rank's view of the manifest: its files and those.
   void keep_hot(std::shared_ptr<stage::HotImage> image) { hot_ = std::move(image); }
+  /// keep_hot, before stage(): hands the save to a snapshot agent once it is staged, before
+  /// the caller is released (tsnap/agent.h), and tells it how the save ended.
+  void guard_with(std::shared_ptr<AgentClient> agent);
   /// Before stage(): what to compare this save with (Comparison).
   void compare_with(Comparison comparison) { comparison_ = std::move(comparison); }
 
@@ -123,13 +127,17 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   void keep_in_memory(plan::ChunkRef ref, int buf, uint64_t len);
   // This rank's manifest part: the written files, or with `memory` the memory-only ones too;
   // without `tensors`, no tensor records (their text is tensor_text_).
-  Manifest manifest(bool memory = false, bool tensors = true) const;
+  // Without `hashes`, every chunk hash is 0 (before the writes complete).
+  Manifest manifest(bool memory = false, bool tensors = true, bool hashes = true) const;
   // The tensor records of plan files [0, files) into m.tensors.
   void add_tensor_records(Manifest& m, size_t files) const;
   // A save alone: the text of its manifest's tensor records (tensor_text_), rendered on the
   // blocking pool once staging ends, while the chunks are written; on failure the commit
   // renders it again and reports the error.
   void render_tensor_records() noexcept;
+  // guard_with(): hands the staged save to the agent; returns the save's error when it could
+  // not and the link does not fall back.
+  std::exception_ptr hand_to_agent() noexcept;
   std::exception_ptr coordinate(std::exception_ptr error, uint64_t* manifest_bytes,
                                 std::string* leftover);
 
@@ -178,6 +186,11 @@ class SaveJob : public std::enable_shared_from_this<SaveJob> {
   uint64_t linked_bytes_ = 0;
   std::atomic<int64_t> first_write_ns_{0}, last_write_ns_{0};
   std::shared_ptr<stage::HotImage> hot_;  // keep_hot: the image this save fills
+  std::shared_ptr<AgentClient> agent_;    // guard_with()
+  uint64_t agent_seq_ = 0;
+  std::vector<std::vector<int>> chunk_bufs_;  // with an agent: per file, per chunk, its buffer
+  std::atomic<bool> guarded_{false};          // the agent holds the save
+  std::string committed_text_;                // the manifest as committed (for the agent)
   Comparison comparison_;
   Learned learned_;                     // see compare()
   std::vector<std::string> unchanged_;  // sorted

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
+#include <iostream>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -21,11 +22,13 @@
 #include "common/thread_name.h"
 #include "dist/coordinator.h"
 #include "format/dir_root.h"
+#include "format/hash.h"
 #include "format/layout.h"
 #include "format/manifest_io.h"
 #include "format/s3_root.h"
 #include "format/safetensors.h"
 #include "io/thread_priority.h"
+#include "pipeline/agent_client.h"
 #include "pipeline/commit.h"
 #include "pipeline/drain.h"
 #include "pipeline/rank_report.h"
@@ -123,8 +126,18 @@ struct TSNAP_HIDDEN Snapshotter::Impl {
   // keep_hot: the hot images, made with the pool (guarded by pool_mu like it); destroyed before
   // it (~Impl), after every save.
   std::unique_ptr<stage::HotImages> hot;
+  // SnapshotterOptions::agent: the link (null without one, or after a fall back at
+  // construction).
+  std::shared_ptr<pipeline::AgentClient> agent;
 
   void make_pool(uint64_t budget);
+  // make_pool's second half, for a pool made either way.
+  void set_up_pool();
+  // Links to the agent (before the root's lock: the agent may be committing there).
+  void link_agent();
+  // Takes over the pool a killed trainer of this root left with the agent, and its hot
+  // snapshot where every chunk still hashes as committed.
+  void adopt(pipeline::AdoptedPool adopted);
   void start_drain();
   void ensure_pool(const plan::Plan& plan);
   plan::Plan make_save_plan(const StateDict& state, const SaveOptions& options,
@@ -162,6 +175,7 @@ Snapshotter::Impl::Impl(SnapshotterOptions options) {
                 "cannot create snapshot root " + o.root.string() + ": " + ec.message(), ec.value());
   }
   if (o.group) coordinator = o.group->coordinator();
+  if (!o.agent.socket.empty()) link_agent();
   root_lock.emplace(o.root);  // removes stale temporaries when no other writer is alive
 
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -189,7 +203,12 @@ Snapshotter::Impl::Impl(SnapshotterOptions options) {
   request.queue_depth = o.io.queue_depth;
   request.io_threads = o.io.threads;
   res.host = io::host_for_save(request, o.io.direct_io, o.root.string());
-  if (o.staging.budget_bytes > 0) make_pool(o.staging.budget_bytes);
+  std::optional<pipeline::AdoptedPool> adopted = agent ? agent->take_adopted() : std::nullopt;
+  if (adopted && adopted->buffer_bytes == o.chunk_bytes) {
+    adopt(std::move(*adopted));
+  } else if (o.staging.budget_bytes > 0) {
+    make_pool(o.staging.budget_bytes);
+  }
   if (o.group && o.tier.node_local && o.tier.durable_root.empty()) {
     // A node's copy holds its ranks' files only: nothing would ever hold the snapshot whole.
     throw_error(ErrorCode::kInvalidArgument,
@@ -233,7 +252,17 @@ void Snapshotter::Impl::start_drain() {
 void Snapshotter::Impl::make_pool(uint64_t budget) {
   const SnapshotterOptions& o = res.options;
   const size_t count = std::max<size_t>(2, static_cast<size_t>(budget / o.chunk_bytes));
-  res.pool = std::make_unique<stage::StagingPool>(count, o.chunk_bytes, /*pinned=*/true);
+  if (agent) {
+    res.pool = std::make_unique<stage::StagingPool>(count, o.chunk_bytes, /*shared_fd=*/-1);
+    agent->share_pool(res.pool->shared_fd(), res.pool->count(), res.pool->buffer_bytes());
+  } else {
+    res.pool = std::make_unique<stage::StagingPool>(count, o.chunk_bytes, /*pinned=*/true);
+  }
+  set_up_pool();
+}
+
+void Snapshotter::Impl::set_up_pool() {
+  const SnapshotterOptions& o = res.options;
   // Every save, the first included, copies into faulted-in pages: the pool is faulted in here,
   // on every core, where the cost is the pool's making (construction with a fixed budget,
   // prepare(), or the first save with the automatic one) and not a later save's stall.
@@ -260,6 +289,63 @@ void Snapshotter::Impl::make_pool(uint64_t budget) {
     if (images != nullptr) images->reclaim();
     deferred->release_any();
   });
+}
+
+void Snapshotter::Impl::link_agent() {
+  SnapshotterOptions& o = res.options;
+  if (o.group) {
+    throw_error(ErrorCode::kInvalidArgument,
+                "agent.socket with a group: saves of a group are not handed to an agent yet");
+  }
+  try {
+    agent = std::make_shared<pipeline::AgentClient>(o.agent.socket, fs::absolute(o.root),
+                                                    o.agent.fall_back);
+  } catch (const Error& e) {
+    if (!o.agent.fall_back || e.code() == ErrorCode::kBusy) throw;
+    std::cerr << "tsnap: saving without the snapshot agent (agent.fall_back): " << e.what()
+              << std::endl;
+    return;
+  }
+  o.staging.keep_hot = true;  // the buffers of a save stay its own until it commits
+  o.incremental = false;
+}
+
+void Snapshotter::Impl::adopt(pipeline::AdoptedPool a) {
+  res.pool = std::make_unique<stage::StagingPool>(a.count, a.buffer_bytes, a.fd.get());
+  set_up_pool();
+  if (a.hot_name.empty()) return;
+  try {
+    Manifest m = format::parse_manifest(a.hot_manifest, a.hot_name);
+    plan::Plan p;
+    for (const FileRecord& f : m.files) {
+      plan::PlannedFile file;
+      file.name = f.name;
+      file.size = f.size;
+      file.chunk_bytes = f.chunk_bytes;
+      p.files.push_back(std::move(file));
+    }
+    std::shared_ptr<stage::HotImage> image =
+        hot->begin(p, a.hot_name, res.options.root / a.hot_name);
+    for (size_t i = 0; i < m.files.size(); ++i) {
+      const FileRecord& f = m.files[i];
+      const std::vector<int>& bufs = a.hot_bufs.at(f.name);
+      if (bufs.size() != f.chunk_hashes.size()) return;
+      for (uint64_t c = 0; c < f.chunk_hashes.size(); ++c) {
+        const int b = bufs[c];
+        // A buffer a later save took after this snapshot committed no longer holds it.
+        if (b < 0 || static_cast<size_t>(b) >= res.pool->count() ||
+            format::hash64(res.pool->data(b), format::chunk_length(f, c)) != f.chunk_hashes[c]) {
+          return;
+        }
+        res.pool->take(b);
+        image->keep(i, c, b);
+      }
+    }
+    image->commit(std::move(m));
+  } catch (const std::exception& e) {
+    std::cerr << "tsnap: the snapshot agent's copy of " << a.hot_name
+              << " is not usable: " << e.what() << std::endl;
+  }
 }
 
 std::shared_ptr<const std::set<std::string>> Snapshotter::Impl::guess_unchanged(
@@ -527,7 +613,8 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
   }
   paths.temporary = root + "/" + format::temporary_name(name, id);
   plan::Layout layout;
-  layout.incremental = options.incremental.value_or(res.options.incremental);
+  // A save handed to an agent is whole in its buffers: never incremental.
+  layout.incremental = !agent && options.incremental.value_or(res.options.incremental);
   std::unique_ptr<plan::Base> base;
   if (layout.incremental) {
     if (coordinator) {
@@ -602,6 +689,7 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
         [this] { completed(); }, options.progress);
     job->open_files();
     if (image) job->keep_hot(std::move(image));
+    if (agent) job->guard_with(agent);
     pipeline::SaveJob::Comparison comparison;
     {
       std::lock_guard<std::mutex> lock(base_mu);

@@ -13,12 +13,15 @@
 #include "tsnap/error.h"
 
 namespace tsnap::stage {
-StagingPool::StagingPool(size_t count, size_t buffer_bytes, bool pinned)
-    : buffer_bytes_(buffer_bytes) {
+StagingPool::StagingPool(size_t count, size_t buffer_bytes) : buffer_bytes_(buffer_bytes) {
   if (count == 0 || buffer_bytes == 0 || buffer_bytes % 4096 != 0) {
     throw_error(ErrorCode::kInvalidArgument,
                 "staging pool needs at least one buffer of a multiple of 4096 bytes");
   }
+}
+
+StagingPool::StagingPool(size_t count, size_t buffer_bytes, bool pinned)
+    : StagingPool(count, buffer_bytes) {
   const size_t total = count * buffer_bytes;
   uint8_t* base = nullptr;
   if (pinned && at::hasCUDA()) {
@@ -38,8 +41,20 @@ StagingPool::StagingPool(size_t count, size_t buffer_bytes, bool pinned)
         std::make_unique<detail::AnonMemory>(total, /*huge=*/total <= kSmallPool, "staging pool");
     base = memory_->data();
   }
+  add_buffers(base, count);
+}
+
+StagingPool::StagingPool(size_t count, size_t buffer_bytes, int shared_fd)
+    : StagingPool(count, buffer_bytes) {
+  const size_t total = count * buffer_bytes;
+  memory_ = detail::AnonMemory::shared(total, shared_fd, /*huge=*/total <= kSmallPool,
+                                       "tsnap-staging-pool");
+  add_buffers(memory_->data(), count);
+}
+
+void StagingPool::add_buffers(uint8_t* base, size_t count) {
   for (size_t i = 0; i < count; ++i) {
-    buffers_.push_back(base + i * buffer_bytes);
+    buffers_.push_back(base + i * buffer_bytes_);
     free_.push_back(static_cast<int>(count - 1 - i));
   }
   used_.assign(count, false);
@@ -210,6 +225,18 @@ int StagingPool::acquire(bool* waited) {
   free_.pop_back();
   fault_in(i, lock);
   return i;
+}
+
+void StagingPool::take(int index) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = std::find(free_.begin(), free_.end(), index);
+  if (it == free_.end()) {
+    throw_error(ErrorCode::kInvalidArgument,
+                "staging buffer " + std::to_string(index) + " is not free");
+  }
+  free_.erase(it);
+  used_[index] = true;
+  fault_in(index, lock);
 }
 
 void StagingPool::release(int index) {

@@ -36,6 +36,10 @@ class StagingPool {
   /// `count` buffers of `buffer_bytes` (a multiple of 4096) each. `pinned` asks for page-locked
   /// memory (falls back to plain aligned memory if unavailable).
   StagingPool(size_t count, size_t buffer_bytes, bool pinned);
+  /// The same in shared memory (common/anon_memory.h, never pinned): a new memfd when
+  /// `shared_fd` < 0, else the memfd `shared_fd` of a pool of this geometry that another
+  /// process made (its buffers' bytes are kept: a snapshot agent hands them on).
+  StagingPool(size_t count, size_t buffer_bytes, int shared_fd);
   ~StagingPool();
   StagingPool(const StagingPool&) = delete;
   StagingPool& operator=(const StagingPool&) = delete;
@@ -56,6 +60,10 @@ class StagingPool {
   /// will not run once this returns. The destructor calls it; call it earlier when `done` uses
   /// something that dies before the pool.
   void stop_background();
+  /// Hands out buffer `index`, which must be free, as acquire() would (never waits): for the
+  /// buffers of a hot image that a pool in shared memory held when this process adopted it.
+  /// Errors: kInvalidArgument when the buffer is not free.
+  void take(int index);
   /// Returns a buffer to the pool.
   void release(int index);
   /// Sets what acquire() calls (without the pool's lock) when no buffer is free, before it
@@ -76,6 +84,8 @@ class StagingPool {
   size_t buffer_bytes() const { return buffer_bytes_; }
   size_t count() const { return buffers_.size(); }
   bool pinned() const { return pinned_; }
+  /// The memfd of a pool in shared memory; -1 otherwise.
+  int shared_fd() const { return memory_ ? memory_->fd() : -1; }
   /// Buffers that had been used at least once before (for stats).
   bool used_before(int index) const;
   /// Number of buffers currently handed out.
@@ -83,6 +93,8 @@ class StagingPool {
 
  private:
   enum class Pages : uint8_t { kFresh, kFaulting, kReady };
+  StagingPool(size_t count, size_t buffer_bytes);  // checks the geometry
+  void add_buffers(uint8_t* base, size_t count);
   // Faults in buffer `index` unless someone has; `lock` holds mu_ (released while faulting).
   void fault_in(int index, std::unique_lock<std::mutex>& lock);
   // On the background thread: collapses each buffer into huge pages while it is free (taken
