@@ -435,42 +435,46 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("world_size", &tsnap::DistGroup::world_size);
 
   py::class_<PySnapshotter>(m, "Snapshotter")
-      .def(py::init([](const std::string& root, uint64_t staging_budget, uint64_t chunk_bytes,
-                       int stage_threads, int io_threads, unsigned queue_depth,
-                       const std::string& engine, bool direct_io, int max_in_flight, bool fail_fast,
-                       bool incremental, bool keep_hot, const std::string& durable_root,
-                       uint64_t drain_bytes_per_second, int local_keep_last,
-                       const py::object& group, bool node_local) {
-             tsnap::SnapshotterOptions options;
-             options.root = root;
-             options.staging.budget_bytes = staging_budget;
-             options.chunk_bytes = chunk_bytes;
-             options.staging.threads = stage_threads;
-             options.io.threads = io_threads;
-             options.io.queue_depth = queue_depth;
-             options.io.engine = to_engine(engine);
-             options.io.direct_io = direct_io;
-             options.max_in_flight = max_in_flight;
-             options.in_flight =
-                 fail_fast ? tsnap::InFlightPolicy::kFailFast : tsnap::InFlightPolicy::kWait;
-             options.incremental = incremental;
-             options.staging.keep_hot = keep_hot;
-             options.tier.durable_root = durable_root;
-             options.tier.bytes_per_second = drain_bytes_per_second;
-             options.tier.local_keep_last = local_keep_last;
-             options.tier.node_local = node_local;
-             if (!group.is_none()) options.group = group.cast<std::shared_ptr<tsnap::DistGroup>>();
-             auto out = std::make_unique<PySnapshotter>();
-             py::gil_scoped_release release;
-             out->snapshotter = std::make_unique<tsnap::Snapshotter>(std::move(options));
-             return out;
-           }),
-           py::arg("root"), py::arg("staging_budget"), py::arg("chunk_bytes"),
-           py::arg("stage_threads"), py::arg("io_threads"), py::arg("queue_depth"),
-           py::arg("engine"), py::arg("direct_io"), py::arg("max_in_flight"), py::arg("fail_fast"),
-           py::arg("incremental"), py::arg("keep_hot"), py::arg("durable_root"),
-           py::arg("drain_bytes_per_second"), py::arg("local_keep_last"),
-           py::arg("group") = py::none(), py::arg("node_local") = false)
+      .def(
+          py::init([](const std::string& root, uint64_t staging_budget, uint64_t chunk_bytes,
+                      int stage_threads, int io_threads, unsigned queue_depth,
+                      const std::string& engine, bool direct_io, int max_in_flight, bool fail_fast,
+                      bool incremental, bool keep_hot, const std::string& durable_root,
+                      uint64_t drain_bytes_per_second, int local_keep_last, const py::object& group,
+                      bool node_local, const std::string& agent, bool agent_fall_back) {
+            tsnap::SnapshotterOptions options;
+            options.root = root;
+            options.staging.budget_bytes = staging_budget;
+            options.chunk_bytes = chunk_bytes;
+            options.staging.threads = stage_threads;
+            options.io.threads = io_threads;
+            options.io.queue_depth = queue_depth;
+            options.io.engine = to_engine(engine);
+            options.io.direct_io = direct_io;
+            options.max_in_flight = max_in_flight;
+            options.in_flight =
+                fail_fast ? tsnap::InFlightPolicy::kFailFast : tsnap::InFlightPolicy::kWait;
+            options.incremental = incremental;
+            options.staging.keep_hot = keep_hot;
+            options.tier.durable_root = durable_root;
+            options.tier.bytes_per_second = drain_bytes_per_second;
+            options.tier.local_keep_last = local_keep_last;
+            options.tier.node_local = node_local;
+            options.agent.socket = agent;
+            options.agent.fall_back = agent_fall_back;
+            if (!group.is_none()) options.group = group.cast<std::shared_ptr<tsnap::DistGroup>>();
+            auto out = std::make_unique<PySnapshotter>();
+            py::gil_scoped_release release;
+            out->snapshotter = std::make_unique<tsnap::Snapshotter>(std::move(options));
+            return out;
+          }),
+          py::arg("root"), py::arg("staging_budget"), py::arg("chunk_bytes"),
+          py::arg("stage_threads"), py::arg("io_threads"), py::arg("queue_depth"),
+          py::arg("engine"), py::arg("direct_io"), py::arg("max_in_flight"), py::arg("fail_fast"),
+          py::arg("incremental"), py::arg("keep_hot"), py::arg("durable_root"),
+          py::arg("drain_bytes_per_second"), py::arg("local_keep_last"),
+          py::arg("group") = py::none(), py::arg("node_local") = false, py::arg("agent") = "",
+          py::arg("agent_fall_back") = false)
       .def(
           "save_async",
           [](PySnapshotter& self, const std::string& name,

@@ -102,6 +102,8 @@ class Snapshotter:
         local_keep_last: int,
         group: DistGroup | None = None,
         node_local: bool = False,
+        agent: str = "",
+        agent_fall_back: bool = False,
     ) -> None: ...
     def save_async(
         self,

@@ -150,6 +150,14 @@ class Snapshotter:
     with the same outcome. With ``node_local=True`` (and a ``durable_root``) ``root`` is a
     disk of each node instead: every node keeps its ranks' files, every rank drains its node's
     share to ``durable_root``, and the snapshot is whole there once the last share is in.
+
+    ``agent`` (the socket of a ``tsnap agent --socket PATH`` on this node) hands every save to
+    that snapshot agent once it is staged: a save whose ``save_async`` returned is committed
+    even if this process is killed, and a process restarted on the same root resumes from the
+    agent's memory (``load_hot()``) without reading the disk. Saves through an agent are full
+    ones (``incremental`` is ignored) and ``keep_hot`` is on. When the agent is unreachable or
+    goes away, saves raise ``tsnap.Error`` naming the socket, or with ``agent_fall_back=True``
+    go on in this process without that guarantee.
     """
 
     def __init__(self, root: PathArg, staging_budget: int = 0, *, chunk_bytes: int = 16 << 20,
@@ -158,7 +166,8 @@ class Snapshotter:
                  when_busy: InFlight = "wait", incremental: bool = False, keep_hot: bool = False,
                  durable_root: PathArg | None = None, drain_bytes_per_second: int = 0,
                  local_keep_last: int = 2, group: _dist.DistGroup | None = None,
-                 node_local: bool = False) -> None:
+                 node_local: bool = False, agent: PathArg | None = None,
+                 agent_fall_back: bool = False) -> None:
         fail_fast = _in_flight(when_busy)
         self._s = _C.Snapshotter(
             root=_fspath(root), staging_budget=int(staging_budget), chunk_bytes=int(chunk_bytes),
@@ -169,7 +178,8 @@ class Snapshotter:
             durable_root=_fspath(durable_root) if durable_root is not None else "",
             drain_bytes_per_second=int(drain_bytes_per_second),
             local_keep_last=int(local_keep_last), group=_group_of(group),
-            node_local=bool(node_local))
+            node_local=bool(node_local), agent=_fspath(agent) if agent is not None else "",
+            agent_fall_back=bool(agent_fall_back))
         self._group = group
         _open_snapshotters.add(self)
 

@@ -69,7 +69,9 @@ class PeriodicSnapshots:
     (``fail_if_stale``: the save fails instead). The C++ hook owns the timer, the
     signal handlers (the previous ones are restored by ``close()``) and retention; every save
     starts on the training thread inside ``after_step`` (the only place ``make_state`` runs).
-    The Snapshotter must stay open while the hook lives.
+    The Snapshotter must stay open while the hook lives. ``agent`` (with a root) makes the
+    hook's Snapshotter hand its saves to a ``tsnap agent`` (see ``Snapshotter``): snapshots
+    outlive a killed process, and ``resume`` reads the newest from the agent's memory.
 
     Across ranks: ``PeriodicSnapshots(root, make_state, group=tsnap.DistGroup(), ...)`` (or a
     Snapshotter made with the group) on every rank, with the same schedule and the same steps
@@ -91,14 +93,19 @@ class PeriodicSnapshots:
                  best_mode: Literal["min", "max"] = "min", keep_without_metric: bool = True,
                  dtype_rules: DtypeRules = None, group: _dist.DistGroup | None = None,
                  stale_check: bool = True, must_change: Iterable[str] | None = None,
-                 fail_if_stale: bool = False) -> None:
+                 fail_if_stale: bool = False, agent: PathArg | None = None) -> None:
         if when_busy not in ("skip", "wait"):
             raise error("invalid_argument",
                         f"tsnap: when_busy must be 'skip' or 'wait', not {when_busy!r}")
         self._own_snapshotter: Snapshotter | None = None
         if not isinstance(snapshotter, Snapshotter):
-            # A root: the hook makes (and closes) its own Snapshotter, with the group.
-            snapshotter = self._own_snapshotter = Snapshotter(snapshotter, group=group)
+            # A root: the hook makes (and closes) its own Snapshotter, with the group and agent.
+            snapshotter = self._own_snapshotter = Snapshotter(snapshotter, group=group,
+                                                              agent=agent)
+        elif agent is not None:
+            raise error("invalid_argument",
+                        "tsnap: PeriodicSnapshots' agent is its Snapshotter's (make the "
+                        "Snapshotter with agent=..., or give the hook a root instead)")
         elif group is not None and group is not snapshotter.group:
             raise error(
                 "invalid_argument",

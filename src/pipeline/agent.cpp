@@ -77,13 +77,21 @@ pid_t peer_pid(int sock) {
   return ::getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0 ? cred.pid : 0;
 }
 
-bool alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
-
 std::string read_text(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+// Whether process `pid` runs (a zombie, killed and not reaped yet, does not: its sockets are
+// closed, so its link ends on its own).
+bool alive(pid_t pid) {
+  if (pid <= 0 || (::kill(pid, 0) != 0 && errno != EPERM)) return false;
+  const std::string stat = read_text("/proc/" + std::to_string(pid) + "/stat");
+  const size_t paren = stat.rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat.size() ||
+         (stat[paren + 2] != 'Z' && stat[paren + 2] != 'X');
 }
 
 // Writes `data` of `len` bytes at `offset` of fd; throws IoError naming `path`.
@@ -211,6 +219,13 @@ void Agent::Impl::serve(int sock) {
       }
       handle(sock, *m, std::move(fd), root);
     }
+  } catch (const IoError& e) {
+    // A trainer killed with a reply unread resets the link (ECONNRESET): it is gone all the
+    // same, and what it handed over is committed below.
+    peer_closed = true;
+    if (e.sys_errno() != ECONNRESET) {
+      log("link of trainer pid " + std::to_string(pid) + " failed: " + e.what());
+    }
   } catch (const std::exception& e) {
     peer_closed = true;  // a broken link: the trainer's saves are as good as abandoned
     log("link of trainer pid " + std::to_string(pid) + " failed: " + e.what());
@@ -323,6 +338,7 @@ void Agent::Impl::handle(int sock, const nlohmann::json& m, io::UniqueFd fd, std
       }
       if (why.empty()) state.guarded[seq] = std::move(held);
     }
+    if (!why.empty()) log("refused save " + held.name + " of " + root + ": " + why);
     pipeline::agent::send_frame(sock,
                                 why.empty() ? nlohmann::json{{"op", "guarded"}, {"seq", seq}}
                                             : nlohmann::json{{"op", "refused"}, {"why", why}},

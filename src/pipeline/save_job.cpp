@@ -535,11 +535,8 @@ void SaveJob::guard_with(std::shared_ptr<AgentClient> agent) {
 std::exception_ptr SaveJob::hand_to_agent() noexcept {
   const std::string name = std::filesystem::path(paths_.final).filename().string();
   try {
-    if (!hot_ || !hot_->try_guard()) {
-      throw_error(ErrorCode::kInvalidArgument,
-                  "save " + name +
-                      " did not fit in the staging pool whole, which a snapshot "
-                      "agent needs: raise staging.budget_bytes (or leave it 0, automatic)");
+    if (!hot_ || !hot_->try_guard()) {  // never abandoned with an agent (keep_building)
+      throw_error(ErrorCode::kInternal, "the staged image of save " + name + " is not whole");
     }
     nlohmann::json bufs = nlohmann::json::object();
     for (size_t f = 0; f < plan_.written_files; ++f) bufs[plan_.files[f].name] = chunk_bufs_[f];

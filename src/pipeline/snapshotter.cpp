@@ -283,6 +283,7 @@ void Snapshotter::Impl::set_up_pool() {
     }
   });
   if (o.staging.keep_hot) hot = std::make_unique<stage::HotImages>(*res.pool);
+  if (agent) hot->keep_building();
   // A thread that finds no free buffer gets the kept ones back (hot images) and starts the
   // writes held back (deferred_writes.h): the buffers those hold come back once written.
   res.pool->set_reclaim([images = hot.get(), deferred = &res.deferred] {
@@ -646,6 +647,13 @@ SaveHandle Snapshotter::Impl::start(const std::string& name, const std::string& 
   keep_plans(std::move(previous), /*newest=*/false);
   try {
     ensure_pool(plan);
+    if (agent && plan.chunks.size() > res.pool->count()) {
+      throw_error(ErrorCode::kInvalidArgument,
+                  "save " + name + " has " + std::to_string(plan.chunks.size()) +
+                      " chunks and the staging pool " + std::to_string(res.pool->count()) +
+                      ": a snapshot agent needs a pool that holds a whole save (raise "
+                      "staging.budget_bytes, or leave it 0, automatic)");
+    }
     admit(name, options.overwrite);  // kBusy under InFlightPolicy::kFailFast, among others
   } catch (...) {
     // A plan taken over from an earlier save stays for the next one.

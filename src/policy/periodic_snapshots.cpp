@@ -563,6 +563,27 @@ int64_t PeriodicSnapshots::resume(const ApplyCheckpoint& apply) {
   auto label = [&](const Candidate& c) {
     return roots.size() > 1 ? c.path.string() : c.path.filename().string();
   };
+  // A snapshot in memory: a trainer restarted under a snapshot agent (tsnap/agent.h) adopts
+  // the last one its predecessor committed. Loaded from there (every chunk verified) unless a
+  // snapshot on a root is newer; a copy that does not load falls back to the roots.
+  if (HotSnapshot hot = m.coord ? HotSnapshot() : m.snapshotter.hot_snapshot()) {
+    const format::SnapshotAge age = format::age_of(hot.manifest());
+    if (age.step && (candidates.empty() || !format::newer(candidates.front().age, age))) {
+      std::optional<Checkpoint> in_memory;
+      try {
+        in_memory = load_checkpoint(hot);
+      } catch (const Error& e) {
+        m.log("tsnap: resume skips the in-memory copy of " + hot.name() + ": " + e.what());
+      }
+      if (in_memory) {
+        apply(*in_memory);
+        m.last_step = *age.step;
+        m.log("tsnap: resumed from " + hot.name() + " (step " + std::to_string(*age.step) +
+              ") in memory");
+        return *age.step;
+      }
+    }
+  }
   // The newest candidate that loads (a corrupt one is skipped, as on every rank alike).
   std::optional<Checkpoint> checkpoint;
   size_t loaded = candidates.size();

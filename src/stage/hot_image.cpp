@@ -149,7 +149,7 @@ void HotImages::reclaim() {
     std::lock_guard<std::mutex> lock(mu_);
     if (installed_) {
       dropped = std::move(installed_);
-    } else {
+    } else if (!keep_building_) {
       for (const std::weak_ptr<HotImage>& w : building_) {
         if (std::shared_ptr<HotImage> image = w.lock()) building.push_back(std::move(image));
       }

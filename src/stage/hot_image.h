@@ -109,8 +109,13 @@ class HotImages {
   /// The public handle of the installed image (empty when there is none).
   HotSnapshot snapshot() const;
   /// The pool has no free buffer (StagingPool's reclaim hook): evicts the installed image or,
-  /// when there is none, abandons the images being built.
+  /// when there is none, abandons the images being built (unless keep_building()).
   void reclaim();
+  /// With a snapshot agent: reclaim() never abandons an image being built, so that every
+  /// save's image is whole when it is handed over; a starved save waits instead, for the
+  /// buffers of a save that commits (then installed, then evicted). Needs a pool that holds a
+  /// whole save (the Snapshotter checks). Before the first save.
+  void keep_building() { keep_building_ = true; }
 
  private:
   friend class HotImage;
@@ -124,6 +129,7 @@ class HotImages {
   std::vector<std::weak_ptr<HotImage>> building_;
   uint64_t next_seq_ = 0;
   size_t live_ = 0;  // images not destroyed yet
+  bool keep_building_ = false;
 };
 
 }  // namespace tsnap::stage

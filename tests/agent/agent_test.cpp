@@ -21,8 +21,10 @@
 #include "crash/child_process.h"
 #include "support/test_util.h"
 #include "tsnap/catalog.h"
+#include "tsnap/checkpoint.h"
 #include "tsnap/error.h"
 #include "tsnap/load.h"
+#include "tsnap/periodic_snapshots.h"
 #include "tsnap/snapshotter.h"
 
 namespace tsnap {
@@ -74,6 +76,7 @@ TEST(AgentChild, Trainer) {
     Snapshotter snap(options(root, std::getenv("TSNAP_AGENT_SOCKET")));
     for (int step = start; step < start + 8; ++step) {
       SaveHandle h = snap.save_async("step-" + std::to_string(step), state(step));
+      h.wait_staged();  // a save the agent did not take fails here
       if (wait_each) h.wait();
       const int32_t s = step;
       if (::write(report, &s, sizeof(s)) != sizeof(s)) _exit(4);
@@ -206,6 +209,36 @@ TEST(Agent, RestartedTrainerResumesFromTheAgentsMemoryWithoutTheDisk) {
   snap.save_async("step-9", state(9)).wait();
   expect_state(load(root / "step-9"), 9, "save after the restart");
   EXPECT_EQ(snap.hot_snapshot().name(), "step-9");
+}
+
+TEST(Agent, PeriodicSnapshotsResumeFromTheAgentsMemory) {
+  TempDir dir;
+  Agent agent({.socket = socket_in(dir)});
+  const fs::path root = dir / "root";
+  StateDict sd = state(0);
+  auto make = [&] { return Checkpoint::of({{"state", sd}}); };
+  {
+    Snapshotter snap(options(root, agent.socket()));
+    PeriodicSnapshots hook(snap, Schedule({.every_steps = 2}), make,
+                           {.when_busy = WhenBusy::kWait, .log = nullptr});
+    for (int64_t step = 1; step <= 6; ++step) {
+      sd = state(static_cast<int>(step));
+      hook.after_step(step);
+    }
+    hook.finish();
+  }
+  agent.wait_unlinked();
+  // Nothing on the disk: the newest snapshot (step 6) is in the agent's memory only.
+  for (const fs::directory_entry& e : fs::directory_iterator(root)) fs::remove_all(e.path());
+  Snapshotter snap(options(root, agent.socket()));
+  std::vector<std::string> lines;
+  PeriodicSnapshots hook(snap, Schedule({.every_steps = 2}), make,
+                         {.log = [&](const std::string& l) { lines.push_back(l); }});
+  StateDict back = state(0);
+  EXPECT_EQ(hook.resume([&](Checkpoint& c) { c.apply({{"state", back}}); }), 6);
+  expect_state(back, 6, "resumed from memory");
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines.back().find("in memory"), std::string::npos) << lines.back();
 }
 
 TEST(Agent, SavesFailClearlyOrFallBackWhenTheAgentIsGone) {
