@@ -100,7 +100,7 @@ def test_saves_outlive_a_killed_trainer_and_resume_from_memory(tmp_path: Path, a
     step = hook.resume(lambda s: resumed.update(s))
     assert step == 5
     assert all(torch.equal(resumed[k], v) for k, v in expected(5).items())
-    hook.finish()
+    hook.close()
     snap.close()
 
 

@@ -11,7 +11,9 @@
 #include <iostream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -313,40 +315,53 @@ void Snapshotter::Impl::link_agent() {
 
 void Snapshotter::Impl::adopt(pipeline::AdoptedPool a) {
   res.pool = std::make_unique<stage::StagingPool>(a.count, a.buffer_bytes, a.fd.get());
-  set_up_pool();
-  if (a.hot_name.empty()) return;
+  // The hot snapshot's buffers are verified and taken before set_up_pool() starts the pool's
+  // background thread, which takes free buffers out for a while to collapse them.
+  std::optional<Manifest> m;
+  std::vector<std::vector<int>> taken;  // per manifest file, its chunks' buffers
   try {
-    Manifest m = format::parse_manifest(a.hot_manifest, a.hot_name);
-    plan::Plan p;
-    for (const FileRecord& f : m.files) {
-      plan::PlannedFile file;
-      file.name = f.name;
-      file.size = f.size;
-      file.chunk_bytes = f.chunk_bytes;
-      p.files.push_back(std::move(file));
-    }
-    std::shared_ptr<stage::HotImage> image =
-        hot->begin(p, a.hot_name, res.options.root / a.hot_name);
-    for (size_t i = 0; i < m.files.size(); ++i) {
-      const FileRecord& f = m.files[i];
-      const std::vector<int>& bufs = a.hot_bufs.at(f.name);
-      if (bufs.size() != f.chunk_hashes.size()) return;
-      for (uint64_t c = 0; c < f.chunk_hashes.size(); ++c) {
-        const int b = bufs[c];
-        // A buffer a later save took after this snapshot committed no longer holds it.
-        if (b < 0 || static_cast<size_t>(b) >= res.pool->count() ||
-            format::hash64(res.pool->data(b), format::chunk_length(f, c)) != f.chunk_hashes[c]) {
-          return;
+    if (!a.hot_name.empty()) {
+      m = format::parse_manifest(a.hot_manifest, a.hot_name);
+      for (const FileRecord& f : m->files) {
+        const std::vector<int>& bufs = a.hot_bufs.at(f.name);
+        if (bufs.size() != f.chunk_hashes.size()) throw std::out_of_range("chunk count");
+        taken.emplace_back();
+        for (uint64_t c = 0; c < f.chunk_hashes.size(); ++c) {
+          const int b = bufs[c];
+          // A buffer a later save took after this snapshot committed no longer holds it.
+          if (b < 0 || static_cast<size_t>(b) >= res.pool->count() ||
+              format::hash64(res.pool->data(b), format::chunk_length(f, c)) != f.chunk_hashes[c]) {
+            throw std::runtime_error("chunk " + std::to_string(c) + " of " + f.name +
+                                     " was overwritten since");
+          }
+          res.pool->take(b);
+          taken.back().push_back(b);
         }
-        res.pool->take(b);
-        image->keep(i, c, b);
       }
     }
-    image->commit(std::move(m));
   } catch (const std::exception& e) {
     std::cerr << "tsnap: the snapshot agent's copy of " << a.hot_name
               << " is not usable: " << e.what() << std::endl;
+    for (const std::vector<int>& bufs : taken) {
+      for (int b : bufs) res.pool->release(b);
+    }
+    m.reset();
   }
+  set_up_pool();
+  if (!m) return;
+  plan::Plan p;
+  for (const FileRecord& f : m->files) {
+    plan::PlannedFile file;
+    file.name = f.name;
+    file.size = f.size;
+    file.chunk_bytes = f.chunk_bytes;
+    p.files.push_back(std::move(file));
+  }
+  std::shared_ptr<stage::HotImage> image = hot->begin(p, a.hot_name, res.options.root / a.hot_name);
+  for (size_t i = 0; i < taken.size(); ++i) {
+    for (size_t c = 0; c < taken[i].size(); ++c) image->keep(i, c, taken[i][c]);
+  }
+  image->commit(std::move(*m));
 }
 
 std::shared_ptr<const std::set<std::string>> Snapshotter::Impl::guess_unchanged(
