@@ -535,7 +535,7 @@ void SaveJob::guard_with(std::shared_ptr<AgentClient> agent) {
 std::exception_ptr SaveJob::hand_to_agent() noexcept {
   const std::string name = std::filesystem::path(paths_.final).filename().string();
   try {
-    if (!hot_ || !hot_->try_guard()) {  // never abandoned with an agent (keep_building)
+    if (!hot_ || !hot_->whole()) {  // never abandoned with an agent (keep_building)
       throw_error(ErrorCode::kInternal, "the staged image of save " + name + " is not whole");
     }
     nlohmann::json bufs = nlohmann::json::object();

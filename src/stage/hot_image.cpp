@@ -19,10 +19,6 @@ HotImage::HotImage(HotImages& registry, StagingPool& pool, uint64_t seq, std::st
 }
 
 HotImage::~HotImage() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    released_ = true;
-  }
   abandon();
   registry_.gone();
 }
@@ -38,16 +34,13 @@ bool HotImage::keep(size_t file, uint64_t chunk, int buf) {
   return true;
 }
 
-bool HotImage::try_guard() {
+bool HotImage::whole() const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (abandoned_) return false;
-  guarded_ = true;
-  return true;
+  return !abandoned_;
 }
 
 void HotImage::abandon() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (guarded_ && !released_) return;  // reclaim(): the agent's save keeps its buffers
   abandoned_ = true;
   for (std::vector<int>& chunks : bufs_) {
     for (int& b : chunks) {

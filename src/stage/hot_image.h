@@ -51,10 +51,9 @@ class HotImage : public std::enable_shared_from_this<HotImage> {
   /// Building: takes buffer `buf`, which holds chunk `chunk` of plan file `file` as written.
   /// Returns false when the image was abandoned (the caller then releases the buffer).
   bool keep(size_t file, uint64_t chunk, int buf);
-  /// Building: a snapshot agent holds this save (pipeline/agent.h), which it may write from
-  /// these buffers if the process dies: from now on the image is never abandoned, so its
-  /// buffers stay the save's until the image is dropped. False when it was abandoned already.
-  bool try_guard();
+  /// Building: whether the image was never abandoned (with HotImages::keep_building, for a
+  /// snapshot agent, it never is: a save handed over keeps its buffers until it is dropped).
+  bool whole() const;
   /// The save committed `manifest` (whose files are the plan's, in any order: a manifest read
   /// back lists them by name): installs the image if it holds every chunk and no newer image
   /// is installed.
@@ -85,8 +84,6 @@ class HotImage : public std::enable_shared_from_this<HotImage> {
   std::shared_ptr<const Manifest> manifest_;
   mutable std::mutex mu_;
   bool abandoned_ = false;
-  bool guarded_ = false;                // try_guard(): reclaim() never abandons it
-  bool released_ = false;               // being destroyed: every buffer goes back
   std::vector<std::vector<int>> bufs_;  // per plan file, per chunk: the buffer, -1 until kept
   std::vector<std::string> names_;      // per plan file: its name
   std::vector<size_t> plan_file_;       // after commit: per manifest file, its plan file
