@@ -300,4 +300,20 @@ class TSNAP_API Snapshotter {
   std::unique_ptr<Impl> impl_;
 };
 
+/// Reserves `bytes` of staging memory for the next staging pool made in this process (a
+/// Snapshotter's, with the automatic budget at its first save or prepare(), or with a fixed
+/// one at construction), and faults it in on a background thread at a lower priority (on the
+/// caller when `wait`). That pool takes the reservation, resized to the bytes it needs, and
+/// keeps the pages faulted in so far, so that its making (the first save's stall, with the
+/// automatic budget) costs about a copy into warm memory. For code that knows the state's size
+/// before it knows the root it will save to (a trainer plugin, after the first optimizer step):
+/// otherwise prepare() does the same. Size it as the pool: the state's stored bytes plus a
+/// chunk per I/O thread, twice with keep_hot; a smaller reservation still saves its share.
+/// One reservation per process: a new one replaces the last; 0 releases it. Pinned pools (with
+/// CUDA) and a snapshot agent's shared pool do not take it. Errors: IoError when the memory
+/// cannot be mapped. Thread-safe.
+void reserve_staging_memory(uint64_t bytes, bool wait = false);
+/// Bytes of staging memory reserved and not yet taken by a pool.
+uint64_t reserved_staging_bytes();
+
 }  // namespace tsnap

@@ -627,6 +627,15 @@ PYBIND11_MODULE(_C, m) {
     return metadata.dump();
   });
 
+  m.def(
+      "reserve_staging",
+      [](uint64_t bytes, bool wait) {
+        py::gil_scoped_release release;
+        tsnap::reserve_staging_memory(bytes, wait);
+      },
+      py::arg("nbytes"), py::arg("wait"));
+  m.def("reserved_staging_bytes", &tsnap::reserved_staging_bytes);
+
   m.def("latest", [](const std::string& root) -> std::optional<std::string> {
     std::optional<std::filesystem::path> found;
     {

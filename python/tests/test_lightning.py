@@ -153,6 +153,32 @@ def test_lightning_checkpoint_round_trip(tmp_path):
     assert got["optimizer_states"][0]["state"][0]["step"].dtype == torch.float32
 
 
+def test_first_save_takes_the_memory_reserved_at_the_first_step(tmp_path):
+    tsnap.reserve_staging(0)
+    io = TsnapCheckpointIO()
+    net = Net()
+    opt = torch.optim.AdamW(net.parameters())
+
+    def step():
+        net.net(torch.randn(4, 8)).sum().backward()
+        opt.step()
+
+    assert tsnap.reserved_staging_bytes() == 0
+    step()  # the state is known now: its staging memory is reserved
+    assert tsnap.reserved_staging_bytes() >= 2 * (16 << 20)
+    ckpt = {"state_dict": net.state_dict(), "optimizer_states": [opt.state_dict()],
+            "global_step": 1}
+    io.save_checkpoint(ckpt, tmp_path / "a.ckpt")
+    assert tsnap.reserved_staging_bytes() == 0  # the first save's pool took it
+    assert_same(io.load_checkpoint(tmp_path / "a.ckpt"), ckpt)
+    io.teardown()
+    # Armed again by teardown; a reservation no save took is released by the next teardown.
+    step()
+    assert tsnap.reserved_staging_bytes() > 0
+    io.teardown()
+    assert tsnap.reserved_staging_bytes() == 0
+
+
 def test_fabric_save_load(tmp_path):
     io = TsnapCheckpointIO()
     fabric = Fabric(accelerator="cpu", devices=1, plugins=[io])

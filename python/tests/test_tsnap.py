@@ -448,6 +448,23 @@ def test_hot_restore_from_memory(tmp_path):
         assert snap.load_hot() is None
 
 
+def test_first_pool_takes_the_reserved_staging_memory(tmp_path):
+    with pytest.raises(tsnap.InvalidArgument, match="nbytes"):
+        tsnap.reserve_staging(-1)
+    tsnap.reserve_staging(64 << 20, wait=True)
+    assert tsnap.reserved_staging_bytes() == 64 << 20
+    with tsnap.Snapshotter(tmp_path) as snap:
+        assert tsnap.reserved_staging_bytes() == 64 << 20  # the pool comes with the first save
+        snap.save_async("s1", fine_tuning(1)).wait()
+        assert tsnap.reserved_staging_bytes() == 0
+        snap.save_async("s2", fine_tuning(2)).wait()
+    assert_same(tsnap.load(tmp_path / "s1"), fine_tuning(1))
+    assert_same(tsnap.load(tmp_path / "s2"), fine_tuning(2))
+    tsnap.reserve_staging(8 << 20)
+    tsnap.reserve_staging(0)
+    assert tsnap.reserved_staging_bytes() == 0
+
+
 def test_durable_tier_drain(tmp_path):
     local, durable = tmp_path / "local", tmp_path / "durable"
     with tsnap.Snapshotter(local, durable_root=durable, local_keep_last=1) as snap:

@@ -31,7 +31,18 @@ if torch.__version__ != _build_info.TORCH_VERSION:
 
 # After the version check: a mismatched module may not load (E402 is off for this file).
 from . import _C
-from ._api import SaveHandle, Snapshotter, latest, load, load_into, metadata, save, verify
+from ._api import (
+    SaveHandle,
+    Snapshotter,
+    latest,
+    load,
+    load_into,
+    metadata,
+    reserve_staging,
+    reserved_staging_bytes,
+    save,
+    verify,
+)
 from ._dist import DistGroup
 from ._optim import load_optimizer_state_dict, optimizer_state_dict
 from .periodic import PeriodicSnapshots
@@ -51,5 +62,6 @@ cmake_prefix_path: str = os.path.dirname(os.path.abspath(__file__))
 __all__ = [
     "DistGroup", "Error", "FormatError", "InvalidArgument", "IoError", "PeriodicSnapshots",
     "SaveHandle", "SaveStats", "Snapshotter", "latest", "load", "load_into",
-    "load_optimizer_state_dict", "metadata", "optimizer_state_dict", "save", "verify",
+    "load_optimizer_state_dict", "metadata", "optimizer_state_dict", "reserve_staging",
+    "reserved_staging_bytes", "save", "verify",
 ]

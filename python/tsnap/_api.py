@@ -1,4 +1,5 @@
-"""The Python API over tsnap._C: Snapshotter, SaveHandle, save, load, load_into, latest, verify."""
+"""The Python API over tsnap._C: Snapshotter, SaveHandle, save, load, load_into, latest, verify,
+reserve_staging."""
 
 from __future__ import annotations
 
@@ -402,6 +403,28 @@ def latest(root: PathArg) -> str | None:
     """The newest committed snapshot under ``root`` (highest "step" metadata, then newest), or
     None; temporaries and snapshots without a valid manifest are skipped."""
     return _C.latest(_fspath(root))
+
+
+def reserve_staging(nbytes: int, *, wait: bool = False) -> None:
+    """Reserves ``nbytes`` of staging memory for the next staging pool made in this process and
+    faults it in on a background thread (on the caller with ``wait``).
+
+    The pool of a ``Snapshotter`` with the automatic budget is made by its first save (or
+    ``prepare``), whose stall then includes faulting in fresh pages. Code that knows the
+    state's size before it knows where it will save (a trainer plugin, after the first
+    optimizer step) reserves it here; the next pool takes the reservation, resized to what it
+    needs, and keeps the pages faulted in so far. Size it as the pool: the state's stored bytes
+    plus a chunk per I/O thread, twice with ``keep_hot``. One reservation per process: a new
+    one replaces the last; 0 releases it. Raises tsnap.IoError when the memory cannot be mapped.
+    """
+    if int(nbytes) < 0:
+        raise error("invalid_argument", f"nbytes must be >= 0, not {nbytes}")
+    _C.reserve_staging(int(nbytes), bool(wait))
+
+
+def reserved_staging_bytes() -> int:
+    """Bytes of staging memory reserved by ``reserve_staging`` and not yet taken by a pool."""
+    return _C.reserved_staging_bytes()
 
 
 def verify(path: PathArg) -> list[dict[str, Any]]:

@@ -58,6 +58,47 @@ def checked(state: State, prefix: str, target: str, hint: str = "") -> Tensors:
 # -- RNG states ------------------------------------------------------------------------------
 
 
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer,
+                          dtype: torch.dtype | None = None) -> int:
+    """The bytes a snapshot of ``optimizer``'s parameters and state stages on this process: each
+    tensor once (this rank's piece of a DTensor), floating ones of more than one element in
+    ``dtype`` when given (as a save with that dtype stores them)."""
+    seen: set[int] = set()
+    total = 0
+
+    def add(t: Any) -> None:
+        nonlocal total
+        if not torch.is_tensor(t) or id(t) in seen:
+            return
+        seen.add(id(t))
+        local = t.to_local() if hasattr(t, "to_local") else t
+        size = local.element_size()
+        if dtype is not None and local.is_floating_point() and local.numel() > 1:
+            size = torch.empty((), dtype=dtype).element_size()
+        total += local.numel() * size
+
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            add(p)
+    for per_param in optimizer.state.values():
+        for value in per_param.values():
+            add(value)
+    return total
+
+
+def staging_bytes(state_bytes: int, options: dict[str, Any]) -> int:
+    """The staging pool a Snapshotter with ``options`` (its keyword arguments) makes with the
+    automatic budget for a state of ``state_bytes``: the bytes plus a partial chunk per I/O
+    thread, twice with ``keep_hot``; a fixed ``staging_budget`` is itself."""
+    if int(options.get("staging_budget", 0)) > 0:
+        return int(options["staging_budget"])
+    chunk = int(options.get("chunk_bytes", 16 << 20))
+    chunks = (-(-state_bytes // chunk) + int(options.get("io_threads", 4))) * (
+        2 if options.get("keep_hot", False) else 1)
+    cap = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4 // chunk
+    return max(2, min(chunks, cap)) * chunk
+
+
 def rng_state() -> dict[str, Any]:
     """The states of Python's, NumPy's, torch's CPU and (when CUDA is available) every CUDA
     device's generator, as tensors and plain values."""
@@ -150,6 +191,10 @@ class Saves:
         what a save does before it looks at its state."""
         self.reap()
         self.raise_failure()
+
+    def started(self) -> bool:
+        """Whether a Snapshotter was made (a save or a prepare came first)."""
+        return bool(self._snapshotters)
 
     def snapshotter(self, root: str) -> Snapshotter:
         """The Snapshotter of the directory ``root`` (made, and ``root`` with it, when new)."""

@@ -71,13 +71,22 @@ import torch
 from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies import ModelParallelStrategy
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from . import _C
-from ._api import DtypeRules, PathArg, load_into, metadata
+from ._api import DtypeRules, PathArg, load_into, metadata, reserve_staging, reserved_staging_bytes
 from ._api import load as load_snapshot
 from ._dist import DistGroup
 from ._errors import ErrorCode, error
-from ._integration import MANIFEST, Save, Saves, checked, untagged
+from ._integration import (
+    MANIFEST,
+    Save,
+    Saves,
+    checked,
+    optimizer_state_bytes,
+    staging_bytes,
+    untagged,
+)
 from ._tagged import ImportTypes as ImportTypes  # the type of import_types, public here
 from ._tagged import Unresolved, restore_values, tagged, unresolved_in
 from ._tree import SEP
@@ -129,6 +138,19 @@ class _Previous:
 _LIVE: weakref.WeakSet[TsnapCheckpointIO] = weakref.WeakSet()
 
 
+# The plugins that reserve staging memory at the next optimizer step, and the one global hook
+# that does it (registered once: a hook removed while the optimizer runs the hooks would change
+# the dict it iterates).
+_ARMED: weakref.WeakSet[TsnapCheckpointIO] = weakref.WeakSet()
+_STEP_HOOK: Any = None
+
+
+def _after_step(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    for plugin in list(_ARMED):
+        _ARMED.discard(plugin)
+        plugin._reserve(optimizer)
+
+
 @atexit.register
 def _wait_at_exit() -> None:
     for io in list(_LIVE):
@@ -170,7 +192,10 @@ class TsnapCheckpointIO(CheckpointIO):
             ``stage_threads``, ``io_threads``, ``engine``, ``direct_io``, ...).
 
     Each directory saved to gets its own ``tsnap.Snapshotter`` (its own staging buffers, reused
-    by every save there), made at its first save and closed by ``teardown()``.
+    by every save there), made at its first save and closed by ``teardown()``. The first
+    save's buffers are reserved after the first optimizer step (the state is known then, the
+    directory only at the save) and faulted in while training goes on
+    (``tsnap.reserve_staging``), so the first save stalls about as long as the later ones.
     Thread-safety: Lightning calls a plugin from the training thread; so must other callers
     (one call at a time). Saves on rank 0 only (the strategy's choice), loads on every rank.
     """
@@ -197,6 +222,9 @@ class TsnapCheckpointIO(CheckpointIO):
                              staging_budget=int(staging_budget), incremental=bool(incremental))
         self._saves = Saves(_PREFIX, self._options)
         self._previous: dict[str, _Previous] = {}  # by directory
+        self._every_rank = False  # True once a sharded strategy saves on every rank
+        self._reserved = False
+        self._arm_reserve()
         _LIVE.add(self)
 
     # -- CheckpointIO --------------------------------------------------------------------------
@@ -220,6 +248,7 @@ class TsnapCheckpointIO(CheckpointIO):
             raise _error("invalid_argument", f"a checkpoint is a dict, not "
                          f"{type(checkpoint).__name__} (saving {target})")
         self._saves.ready()
+        _ARMED.discard(self)  # this save makes the pool: nothing to reserve at a later step
         root = os.path.dirname(target)
         values: list[list[Any]] = []
         try:
@@ -300,6 +329,10 @@ class TsnapCheckpointIO(CheckpointIO):
             self._saves.close()
         finally:
             self._previous = {}
+            if self._reserved and reserved_staging_bytes() > 0:
+                reserve_staging(0)  # never taken: no save came
+            self._reserved = False
+            self._arm_reserve()  # a later fit's first save gets its memory ready too
 
     # -- beyond CheckpointIO -------------------------------------------------------------------
 
@@ -315,6 +348,31 @@ class TsnapCheckpointIO(CheckpointIO):
 
     # -- internals -----------------------------------------------------------------------------
 
+    def _arm_reserve(self) -> None:
+        """Reserves the first save's staging memory after the next optimizer step (any
+        optimizer's in this process), where the state is known but not the directory it will be
+        saved to: the memory is faulted in while training goes on, and the first save's pool
+        takes it (``tsnap.reserve_staging``), so that save stalls about as long as the later
+        ones. Skipped on the ranks that do not save, and once a save has made its pool."""
+        global _STEP_HOOK
+        if _STEP_HOOK is None:
+            _STEP_HOOK = register_optimizer_step_post_hook(_after_step)
+        _ARMED.add(self)
+
+    def _reserve(self, optimizer: torch.optim.Optimizer) -> None:
+        saves_here = (self._every_rank or not torch.distributed.is_available()
+                      or not torch.distributed.is_initialized()
+                      or torch.distributed.get_rank() == 0)
+        if not saves_here or self._saves.started():
+            return
+        try:
+            reserve_staging(staging_bytes(optimizer_state_bytes(optimizer, self._dtype),
+                                          self._options))
+            self._reserved = True
+        except _C.Error as e:  # advisory: the first save makes its pool as before
+            warnings.warn(f"{_PREFIX}: could not reserve the first save's staging memory: {e}",
+                          stacklevel=2)
+
     def _join(self, group: DistGroup) -> None:
         """Makes every later save a distributed one: each rank of ``group`` calls
         ``save_checkpoint`` with the same path and writes its part (the pieces of its DTensors,
@@ -322,6 +380,7 @@ class TsnapCheckpointIO(CheckpointIO):
         if self._saves.unfinished():
             self._saves.wait()
         self._saves = Saves(_PREFIX, dict(self._options, group=group))
+        self._every_rank = True
         self._link_same_step = False  # each rank's last save may differ: no guess across ranks
 
     def _same_step(self, root: str, step: Any,

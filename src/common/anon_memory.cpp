@@ -73,6 +73,21 @@ void AnonMemory::map(int flags, int fd, bool huge, const std::string& what) {
   if (huge) (void)::madvise(p, size_, MADV_HUGEPAGE);  // advisory
 }
 
+void AnonMemory::resize(uint64_t bytes, const std::string& what) {
+  if (fd_ >= 0) {
+    throw_error(ErrorCode::kInvalidArgument, "shared memory of " + what + " cannot be resized");
+  }
+  const uint64_t size = round_to_pages(bytes);
+  if (size == size_) return;
+  void* p = ::mremap(base_, size_, size, MREMAP_MAYMOVE);
+  if (p == MAP_FAILED) {
+    throw_sys_error(-errno, "resize " + what + " from " + std::to_string(size_) + " to " +
+                                std::to_string(size) + " bytes");
+  }
+  base_ = static_cast<uint8_t*>(p);
+  size_ = size;
+}
+
 AnonMemory::~AnonMemory() {
   if (base_ != nullptr) ::munmap(base_, size_);
   if (fd_ >= 0) ::close(fd_);

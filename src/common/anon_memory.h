@@ -46,6 +46,10 @@ class AnonMemory {
 
   uint8_t* data() const { return base_; }
   uint64_t size() const { return size_; }
+  /// Private memory only: grows or shrinks the mapping to `bytes` (rounded up as above),
+  /// keeping the pages already faulted in; data() may move. Errors: IoError naming `what`, the
+  /// size and errno (the mapping is then as it was); kInvalidArgument for shared memory.
+  void resize(uint64_t bytes, const std::string& what);
   /// The memfd of shared memory; -1 for private memory.
   int fd() const { return fd_; }
 

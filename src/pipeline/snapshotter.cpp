@@ -40,6 +40,7 @@
 #include "plan/plan.h"
 #include "plan/sample_hash.h"
 #include "stage/hot_image.h"
+#include "stage/staging_reserve.h"
 #include "tsnap/catalog.h"
 #include "tsnap/dist_group.h"
 #include "tsnap/error.h"
@@ -591,6 +592,10 @@ void Snapshotter::prepare(const StateDict& state, const SaveOptions& options) {
   }
   impl_->ensure_pool(impl_->make_save_plan(state, options, format::new_save_id(), {}));
 }
+
+void reserve_staging_memory(uint64_t bytes, bool wait) { stage::reserve(bytes, wait); }
+
+uint64_t reserved_staging_bytes() { return stage::reserved_bytes(); }
 
 void Snapshotter::abandon(const std::string& name, const std::string& reason) noexcept {
   dist::Coordinator* coord = impl_->coordinator.get();

@@ -16,6 +16,7 @@
 
 #include "plan/plan.h"
 #include "stage/fill.h"
+#include "stage/staging_reserve.h"
 #include "support/test_util.h"
 
 namespace tsnap::stage {
@@ -94,6 +95,71 @@ TEST(StagingPool, FaultInNowMakesEveryPageResidentAndKeepsContents) {
   EXPECT_EQ(pool.data(b)[pool.buffer_bytes() - 1], 0x5a);
   pool.release(b);
   pool.fault_in_now();  // nothing left to do
+}
+
+// Whether every page of the pool's buffers is resident.
+bool all_resident(const StagingPool& pool) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  for (size_t i = 0; i < pool.count(); ++i) {
+    std::vector<unsigned char> resident(pool.buffer_bytes() / page);
+    if (::mincore(pool.data(static_cast<int>(i)), pool.buffer_bytes(), resident.data()) != 0) {
+      return false;
+    }
+    for (unsigned char r : resident) {
+      if (!(r & 1)) return false;
+    }
+  }
+  return true;
+}
+
+// The next pool takes reserved memory, resized to its size, its pages already faulted in; a
+// reservation smaller than the pool is grown, and a new one replaces the last.
+TEST(StagingReserve, TheNextPoolTakesTheReservationFaultedIn) {
+  reserve(8 << 20, /*wait=*/true);
+  reserve(6 << 20, /*wait=*/true);  // replaces the first
+  EXPECT_EQ(reserved_bytes(), 6u << 20);
+  {
+    StagingPool pool(4, 1 << 20, /*pinned=*/false);
+    EXPECT_EQ(reserved_bytes(), 0u);
+    EXPECT_TRUE(all_resident(pool));  // before any fault_in_now
+    for (size_t i = 0; i < pool.count(); ++i) {
+      const int b = pool.acquire();
+      EXPECT_EQ(pool.data(b)[pool.buffer_bytes() - 1], 0);
+      std::memset(pool.data(b), 0x11 * (b + 1), pool.buffer_bytes());
+    }
+  }
+  StagingPool fresh(2, 1 << 20, /*pinned=*/false);  // nothing reserved: a pool of its own
+  EXPECT_EQ(reserved_bytes(), 0u);
+
+  reserve(2 << 20, /*wait=*/true);
+  StagingPool grown(6, 1 << 20, /*pinned=*/false);
+  EXPECT_EQ(reserved_bytes(), 0u);
+  grown.fault_in_now();
+  EXPECT_TRUE(all_resident(grown));
+  std::set<int> distinct;
+  for (size_t i = 0; i < grown.count(); ++i) {
+    const int b = grown.acquire();
+    std::memset(grown.data(b), b, grown.buffer_bytes());
+    distinct.insert(b);
+  }
+  EXPECT_EQ(distinct.size(), 6u);
+  for (int b : distinct) EXPECT_EQ(grown.data(b)[grown.buffer_bytes() - 1], b) << b;
+}
+
+// A pool made while the reservation is still being faulted in stops that and faults in the
+// rest itself; reserve(0) releases a reservation nobody took.
+TEST(StagingReserve, APoolTakesAReservationMidwayAndZeroReleases) {
+  reserve(256 << 20, /*wait=*/false);
+  {
+    StagingPool pool(8, 1 << 20, /*pinned=*/false);
+    EXPECT_EQ(reserved_bytes(), 0u);
+    pool.fault_in_now();
+    EXPECT_TRUE(all_resident(pool));
+  }
+  reserve(4 << 20, /*wait=*/false);
+  EXPECT_EQ(reserved_bytes(), 4u << 20);
+  reserve(0, /*wait=*/false);
+  EXPECT_EQ(reserved_bytes(), 0u);
 }
 
 TEST(StagingPool, StoppedBackgroundThreadNeverCallsDoneAfterwards) {

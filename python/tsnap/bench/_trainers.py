@@ -2,8 +2,8 @@
 through the trainer's own writer, on the same state.
 
 The state is GPT-2 small (124 M parameters, fp32) with AdamW's two moments after one step, about
-1.5 GB, built once per trainer in its own process. Each writer saves it ``--repeat`` times (the
-weights change between saves):
+1.5 GB, built once per trainer in its own process. Each writer saves it ``--repeat`` times, with
+one training step (about 1 s on one core) before each save:
 
   stall    how long the training thread waits in the trainer's save call
   durable  from the call until the checkpoint is on disk: the writer's own wait (tsnap's commit,
@@ -14,9 +14,9 @@ default), ``AsyncCheckpointIO`` over it, ``tsnap.lightning.TsnapCheckpointIO``; 
 ``accelerator.save_state`` and ``tsnap.accelerate.save_state``; transformers: the Trainer's
 checkpoint save (``Trainer._save_checkpoint``, as at every ``save_steps``) and
 ``tsnap.transformers.TsnapTrainer``'s. The first save and the median of the later ones are
-reported apart. tsnap's staging buffers are made after the first optimizer step where the
-integration can (transformers, Accelerate), inside the first save where it cannot (Lightning's
-CheckpointIO sees the state only then).
+reported apart. tsnap's staging buffers are made after the first optimizer step (transformers,
+Accelerate), or reserved then and faulted in while training goes on (Lightning's CheckpointIO,
+which learns the directory only at the first save: ``tsnap.reserve_staging``).
 """
 
 from __future__ import annotations
@@ -52,17 +52,22 @@ def _fsync_tree(path: str) -> None:
                 os.close(fd)
 
 
-def _gpt2() -> tuple[Any, torch.optim.Optimizer]:
-    """GPT-2 small and an AdamW that has taken one step (its moments exist)."""
+def _gpt2() -> tuple[Any, torch.optim.Optimizer, Callable[[], None]]:
+    """GPT-2 small, an AdamW that has taken one step (its moments exist), and a training step
+    (forward, backward and optimizer step on a batch of 8 tokens: about 1 s on one core)."""
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config())
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, 50257, (1, 8))
-    model(input_ids=ids, labels=ids).loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    return model, opt
+
+    def step() -> None:
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    step()
+    return model, opt, step
 
 
 def _state_bytes(model: Any, opt: torch.optim.Optimizer) -> int:
@@ -73,12 +78,10 @@ def _state_bytes(model: Any, opt: torch.optim.Optimizer) -> int:
 
 
 def _measure(repeat: int, save: Callable[[int], str], durable: Callable[[str], None],
-             model: Any) -> dict[str, Any]:
+             step: Callable[[], None]) -> dict[str, Any]:
     stalls, durables = [], []
     for i in range(repeat):
-        with torch.no_grad():
-            for p in model.parameters():
-                p.mul_(1.0001)  # training moved on
+        step()  # training moved on
         t0 = time.perf_counter()
         path = save(i)
         t1 = time.perf_counter()
@@ -96,11 +99,11 @@ def _lightning(writer: str, repeat: int, workdir: str) -> dict[str, Any]:
     from lightning.pytorch.plugins.io import AsyncCheckpointIO, TorchCheckpointIO
 
     from tsnap.lightning import TsnapCheckpointIO
-    model, opt = _gpt2()
     makers: dict[str, Callable[[], Any]] = {
         "torch": TorchCheckpointIO, "tsnap": TsnapCheckpointIO,
         "async": lambda: AsyncCheckpointIO(TorchCheckpointIO())}
-    io = makers[writer]()
+    io = makers[writer]()  # before training, as the Trainer's plugins are
+    model, opt, step = _gpt2()
 
     def save(i: int) -> str:
         path = os.path.join(workdir, f"epoch=0-step={i}.ckpt")
@@ -120,7 +123,7 @@ def _lightning(writer: str, repeat: int, workdir: str) -> dict[str, Any]:
         os.fsync(fd)
         os.close(fd)
 
-    out = _measure(repeat, save, durable, model)
+    out = _measure(repeat, save, durable, step)
     if writer == "tsnap":
         io.teardown()
     out["bytes"] = _state_bytes(model, opt)
@@ -132,7 +135,7 @@ def _accelerate(writer: str, repeat: int, workdir: str) -> dict[str, Any]:
     from accelerate.utils import ProjectConfiguration
 
     import tsnap.accelerate
-    model, opt = _gpt2()
+    model, opt, step = _gpt2()
     acc = Accelerator(cpu=True, project_config=ProjectConfiguration(
         project_dir=workdir, automatic_checkpoint_naming=True))
     model, opt = acc.prepare(model, opt)
@@ -151,7 +154,7 @@ def _accelerate(writer: str, repeat: int, workdir: str) -> dict[str, Any]:
         else:
             _fsync_tree(path)
 
-    out = _measure(repeat, save, durable, model)
+    out = _measure(repeat, save, durable, step)
     if writer == "tsnap":
         tsnap.accelerate.checkpointer(acc).close()
     out["bytes"] = _state_bytes(model, opt)
@@ -162,7 +165,7 @@ def _transformers(writer: str, repeat: int, workdir: str) -> dict[str, Any]:
     from transformers import Trainer, TrainingArguments
 
     from tsnap.transformers import TsnapTrainer
-    model, opt = _gpt2()
+    model, opt, step = _gpt2()
     args = TrainingArguments(output_dir=workdir, use_cpu=True, report_to=[], save_steps=1,
                              save_total_limit=None, disable_tqdm=True)
     cls = TsnapTrainer if writer == "tsnap" else Trainer
@@ -182,7 +185,7 @@ def _transformers(writer: str, repeat: int, workdir: str) -> dict[str, Any]:
         else:
             _fsync_tree(path)
 
-    out = _measure(repeat, save, durable, model)
+    out = _measure(repeat, save, durable, step)
     if writer == "tsnap":
         trainer.close_checkpoints()
     out["bytes"] = _state_bytes(model, opt)
