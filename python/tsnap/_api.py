@@ -182,6 +182,7 @@ class Snapshotter:
             node_local=bool(node_local), agent=_fspath(agent) if agent is not None else "",
             agent_fall_back=bool(agent_fall_back))
         self._group = group
+        self._layouts: _dist.Layouts = {}  # the DTensor layouts of its saves (_dist.to_pieces)
         _open_snapshotters.add(self)
 
     def save_async(self, name: str, state: State, metadata: Mapping[str, Any] | None = None,
@@ -212,7 +213,7 @@ class Snapshotter:
         flight.
         """
         tensors, meta = _saved_metadata(state, metadata)
-        tensors, shards = _dist.to_pieces(tensors, self._group)
+        tensors, shards = _dist.to_pieces(tensors, self._group, self._layouts)
         return SaveHandle(self._s.save_async(
             name=name, tensors=tensors, metadata=meta, dtype=_dtype_arg(dtype, dtype_rules),
             staging=staging, overwrite=bool(overwrite), num_shards=int(num_shards),
@@ -237,7 +238,7 @@ class Snapshotter:
         first ``after_step``); it reads only the layout of ``state``. A no-op
         once the buffers exist (a fixed budget, an earlier prepare or save)."""
         tensors, _ = _saved_metadata(state, None)
-        tensors, shards = _dist.to_pieces(tensors, self._group)
+        tensors, shards = _dist.to_pieces(tensors, self._group, self._layouts)
         self._s.prepare(tensors, _dtype_arg(dtype, dtype_rules), int(num_shards),
                         int(chunk_bytes), shards)
 

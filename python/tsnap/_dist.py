@@ -194,12 +194,47 @@ def _writes_piece(key: str, dt: Any, coordinate: list[int]) -> bool:
     return replica == (zlib.crc32(key.encode()) + piece) % replicas
 
 
-def to_pieces(tensors: Tensors, group: DistGroup | None) -> tuple[Tensors, Shards]:
+# What to_pieces does with a DTensor, decided from its layout alone (global shape, placements,
+# mesh): (kind, local shape, global shape, offsets). kind: "skip" (not on this rank's mesh, or a
+# replica another rank writes), "empty" (a tensor with no elements, written whole by the rank at
+# the mesh's origin), "replicated" (every placement Replicate over the whole group), "piece".
+_Plan = tuple[str, list[int], list[int], list[int]]
+#: Plans by (key, shape, placements, mesh), kept by a Snapshotter between its saves: the
+#: DTensor work (mesh coordinates, shard sizes and offsets) is most of a save's Python time on
+#: a sharded state, and a state's layout does not change from one save to the next.
+Layouts = dict[tuple[Any, ...], _Plan]
+_MAX_LAYOUTS = 1 << 16  # entries a Layouts keeps before it starts over
+
+
+def _plan_piece(key: str, t: Any, world: int) -> _Plan:
+    coordinate, shape, offsets = _layout(key, t)
+    mesh_size = t.device_mesh.size()
+    if mesh_size > world:
+        raise error(
+            "invalid_argument",
+            f"tsnap: DTensor '{key}' is spread over {mesh_size} ranks but the save has "
+            f"{world}: save it with a DistGroup (Snapshotter(root, "
+            "group=tsnap.DistGroup()) on every rank)")
+    global_shape = [int(s) for s in t.shape]
+    if coordinate is None:
+        return "skip", [], global_shape, []
+    if all(p.is_replicate() for p in t.placements) and mesh_size == world:
+        return "replicated", [], global_shape, []
+    if torch.Size(global_shape).numel() == 0:
+        return ("skip" if any(coordinate) else "empty"), [], global_shape, []
+    if not _writes_piece(key, t, coordinate):
+        return "skip", [], global_shape, []
+    return "piece", shape, global_shape, offsets
+
+
+def to_pieces(tensors: Tensors, group: DistGroup | None,
+              layouts: Layouts | None = None) -> tuple[Tensors, Shards]:
     """The tensors a rank saves, and their shard specs: ``(tensors, shards)``.
 
     ``tensors`` is the flat state (keys -> tensors, DTensors among them). Each DTensor becomes
     this rank's piece (or nothing: a replica that another rank writes, an empty piece), or a
     replicated entry when every placement is Replicate and its mesh spans the group.
+    ``layouts``: what earlier calls decided for each key's layout, reused and added to.
     """
     DTensor = _dtensor_type()
     if DTensor is None or not any(isinstance(t, DTensor) for t in tensors.values()):
@@ -207,40 +242,40 @@ def to_pieces(tensors: Tensors, group: DistGroup | None) -> tuple[Tensors, Shard
     world = group.world_size if group is not None else 1
     out: Tensors = {}
     shards: Shards = {}
-    for key, t in tensors.items():
-        if not isinstance(t, DTensor):
-            out[key] = t
-            continue
-        coordinate, shape, offsets = _layout(key, t)
-        mesh_size = t.device_mesh.size()
-        if mesh_size > world:
-            raise error(
-                "invalid_argument",
-                f"tsnap: DTensor '{key}' is spread over {mesh_size} ranks but the save has "
-                f"{world}: save it with a DistGroup (Snapshotter(root, "
-                "group=tsnap.DistGroup()) on every rank)")
-        if coordinate is None:
-            continue  # not on this rank's mesh: its ranks save it
-        local = t.to_local()
-        if all(p.is_replicate() for p in t.placements) and mesh_size == world:
-            out[key] = local  # a replicated entry: the engine dedups and balances it
-            continue
-        global_shape = [int(s) for s in t.shape]
-        if torch.Size(global_shape).numel() == 0:
-            # Nothing to cut: the rank at the mesh's origin writes the (empty) tensor whole.
-            if not any(coordinate):
+    with torch.no_grad():  # to_local() is then the local tensor itself, not an autograd op
+        for key, t in tensors.items():
+            if not isinstance(t, DTensor):
+                out[key] = t
+                continue
+            where = (key, t.shape, t.placements, t.device_mesh)
+            plan = layouts.get(where) if layouts is not None else None
+            if plan is None:
+                plan = _plan_piece(key, t, world)
+                if layouts is not None:
+                    if len(layouts) >= _MAX_LAYOUTS:
+                        layouts.clear()
+                    layouts[where] = plan
+            kind, shape, global_shape, offsets = plan
+            if kind == "skip":
+                continue
+            if kind == "empty":
                 out[key] = torch.empty(global_shape, dtype=t.dtype)
                 shards[key] = (global_shape, [0] * len(global_shape))
-            continue
-        if local.numel() == 0 or not _writes_piece(key, t, coordinate):
-            continue
-        if list(local.shape) != shape:
-            raise error(
-                "invalid_argument",
-                f"tsnap: DTensor '{key}': its local tensor has shape {list(local.shape)}, its "
-                f"placements {t.placements} give {shape} (padded shards are not supported)")
-        out[key] = local
-        shards[key] = (global_shape, offsets)
+                continue
+            local = t.to_local()
+            if kind == "replicated":
+                out[key] = local  # a replicated entry: the engine dedups and balances it
+                continue
+            if local.numel() == 0:
+                continue
+            if list(local.shape) != shape:
+                raise error(
+                    "invalid_argument",
+                    f"tsnap: DTensor '{key}': its local tensor has shape {list(local.shape)}, "
+                    f"its placements {t.placements} give {shape} (padded shards are not "
+                    "supported)")
+            out[key] = local
+            shards[key] = (global_shape, offsets)
     return out, shards
 
 

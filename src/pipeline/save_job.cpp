@@ -18,6 +18,7 @@
 #include "format/manifest_io.h"
 #include "pipeline/rank_report.h"
 #include "stage/fill.h"
+#include "stage/staging_pool.h"
 #include "tsnap/error.h"
 
 #ifndef TSNAP_VERSION_STRING
@@ -129,6 +130,7 @@ void SaveJob::prepare_sources() noexcept {
 void SaveJob::stage(bool lazy) {
   const Clock::time_point t0 = Clock::now();
   std::exception_ptr stage_error;
+  const stage::StagingPool::Staging staging(*res_.pool);  // the pool's own copies wait
   try {
     if (!prepared_) prepare_sources();
     if (sources_error_) std::rethrow_exception(sources_error_);

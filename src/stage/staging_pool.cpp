@@ -154,6 +154,10 @@ void StagingPool::collapse_free_buffers() {
   int idle = 0;  // retries in a row that found no buffer to collapse: 20 (1 s) and it gives up
   std::unique_lock<std::mutex> lock(mu_);
   while (left > 0 && !stop_ && idle < 20) {
+    if (staging_.load() > 0) {  // a save is copying: not now, and not a retry that counts
+      faulted_cv_.wait_for(lock, kRetry);
+      continue;
+    }
     // A free buffer not collapsed yet, from the front of free_ (acquire() takes the back).
     auto it = std::find_if(free_.begin(), free_.end(), [&](int i) { return !done[i]; });
     if (it == free_.end() || waiters_.load() > 0) {
@@ -169,7 +173,7 @@ void StagingPool::collapse_free_buffers() {
     // A 2 MiB step at a time, and given back at once when a save waits for a buffer.
     bool all = true;
     for (uint64_t at = 0; at < buffer_bytes_; at += kHuge) {
-      if (waiters_.load() > 0) {
+      if (waiters_.load() > 0 || staging_.load() > 0) {
         all = false;
         break;
       }

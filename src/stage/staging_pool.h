@@ -60,6 +60,20 @@ class StagingPool {
   /// will not run once this returns. The destructor calls it; call it earlier when `done` uses
   /// something that dies before the pool.
   void stop_background();
+  /// Marks a save's staging under way while it lives: the background thread's collapse into
+  /// huge pages (a copy of each buffer) waits meanwhile, so that it takes no core and no memory
+  /// bandwidth from the copies the caller is waiting for (a first save right after the pool
+  /// was made stalled 1.2-1.4x the later ones without this, on 2 ranks sharing 2 cores).
+  class Staging {
+   public:
+    explicit Staging(StagingPool& pool) : pool_(pool) { ++pool_.staging_; }
+    ~Staging() { --pool_.staging_; }
+    Staging(const Staging&) = delete;
+    Staging& operator=(const Staging&) = delete;
+
+   private:
+    StagingPool& pool_;
+  };
   /// Hands out buffer `index`, which must be free, as acquire() would (never waits): for the
   /// buffers of a hot image that a pool in shared memory held when this process adopted it.
   /// Errors: kInvalidArgument when the buffer is not free.
@@ -113,6 +127,7 @@ class StagingPool {
   std::vector<int> free_;
   size_t collapsing_ = 0;        // buffers out of free_ while collapse_free_buffers() works
   std::atomic<int> waiters_{0};  // acquire() calls waiting for a free buffer
+  std::atomic<int> staging_{0};  // saves staging (Staging)
   void* pinned_ctx_ = nullptr;   // at::DataPtr owner for pinned memory
   std::unique_ptr<detail::AnonMemory> memory_;  // the buffers when not pinned
   mutable std::mutex mu_;
