@@ -162,6 +162,21 @@ TEST(StagingReserve, APoolTakesAReservationMidwayAndZeroReleases) {
   EXPECT_EQ(reserved_bytes(), 0u);
 }
 
+// The background collapse into huge pages (of a pool larger than kSmallPool) waits while a
+// save stages, and finishes once no save does.
+TEST(StagingPool, BackgroundCollapseWaitsWhileASaveStages) {
+  StagingPool pool(2 * StagingPool::kSmallPool / (8 << 20), 8 << 20, /*pinned=*/false);
+  pool.fault_in_now();
+  std::promise<void> done;
+  std::future<void> finished = done.get_future();
+  {
+    const StagingPool::Staging staging(pool);
+    pool.fault_in_background(/*background_priority=*/false, [&] { done.set_value(); });
+    EXPECT_EQ(finished.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout);
+  }
+  EXPECT_EQ(finished.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+}
+
 TEST(StagingPool, StoppedBackgroundThreadNeverCallsDoneAfterwards) {
   StagingPool pool(64, 1 << 20, /*pinned=*/false);
   std::atomic<int> calls{0};
