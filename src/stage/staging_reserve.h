@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "common/anon_memory.h"
 
@@ -28,7 +29,7 @@ uint64_t reserved_bytes();
 /// What take() hands over.
 struct Reserved {
   std::unique_ptr<detail::AnonMemory> memory;  // null: nothing was reserved
-  uint64_t faulted = 0;  // bytes at the front of `memory` faulted in already
+  uint64_t faulted = 0;                        // bytes at the front of `memory` faulted in already
 };
 
 /// Takes the reservation for a pool of `bytes`: stops its faulting (what it has done is kept)
