@@ -369,7 +369,8 @@ class TsnapCheckpointIO(CheckpointIO):
             reserve_staging(staging_bytes(optimizer_state_bytes(optimizer, self._dtype),
                                           self._options))
             self._reserved = True
-        except _C.Error as e:  # advisory: the first save makes its pool as before
+        except Exception as e:  # advisory, never the training step's failure: the first save
+            # makes its pool as before
             warnings.warn(f"{_PREFIX}: could not reserve the first save's staging memory: {e}",
                           stacklevel=2)
 
