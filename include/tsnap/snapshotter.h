@@ -312,8 +312,8 @@ class TSNAP_API Snapshotter {
 /// One reservation per process: a new one replaces the last; 0 releases it. Pinned pools (with
 /// CUDA) and a snapshot agent's shared pool do not take it. Errors: IoError when the memory
 /// cannot be mapped. Thread-safe.
-void reserve_staging_memory(uint64_t bytes, bool wait = false);
+TSNAP_API void reserve_staging_memory(uint64_t bytes, bool wait = false);
 /// Bytes of staging memory reserved and not yet taken by a pool.
-uint64_t reserved_staging_bytes();
+TSNAP_API uint64_t reserved_staging_bytes();
 
 }  // namespace tsnap
