@@ -25,6 +25,7 @@ StagingPool::StagingPool(size_t count, size_t buffer_bytes, bool pinned)
     : StagingPool(count, buffer_bytes) {
   const size_t total = count * buffer_bytes;
   uint8_t* base = nullptr;
+  uint64_t faulted = 0;  // bytes at the front of the memory faulted in already
   if (pinned && at::hasCUDA()) {
     auto* dp =
         new at::DataPtr(at::detail::getCUDAHooks().getPinnedMemoryAllocator()->allocate(total));
@@ -45,13 +46,12 @@ StagingPool::StagingPool(size_t count, size_t buffer_bytes, bool pinned)
                               : std::make_unique<detail::AnonMemory>(
                                     total, /*huge=*/total <= kSmallPool, "staging pool");
     base = memory_->data();
-    add_buffers(base, count);
-    for (size_t i = 0; i < count && (i + 1) * buffer_bytes <= reserved.faulted; ++i) {
-      pages_[i] = Pages::kReady;
-    }
-    return;
+    faulted = reserved.faulted;
   }
   add_buffers(base, count);
+  for (size_t i = 0; i < count && (i + 1) * buffer_bytes <= faulted; ++i) {
+    pages_[i] = Pages::kReady;
+  }
 }
 
 StagingPool::StagingPool(size_t count, size_t buffer_bytes, int shared_fd)

@@ -26,8 +26,8 @@ struct Reservation {
 
   ~Reservation() { stop_faulting(); }
 
-  void fault(uint64_t from) {
-    for (uint64_t at = from; at < memory->size() && !stop; at += kStep) {
+  void fault() {
+    for (uint64_t at = 0; at < memory->size() && !stop; at += kStep) {
       detail::populate(memory->data() + at, std::min(kStep, memory->size() - at));
       faulted = std::min(at + kStep, memory->size());
     }
@@ -47,25 +47,23 @@ std::unique_ptr<Reservation>& current() {
 }  // namespace
 
 void reserve(uint64_t bytes, bool wait) {
-  std::unique_ptr<Reservation> old;
   std::lock_guard<std::mutex> lock(mu);
-  old = std::move(current());
-  old.reset();  // the previous reservation goes first: both never hold memory at once
+  current().reset();  // the previous reservation goes first: both never hold memory at once
   if (bytes == 0) return;
   auto r = std::make_unique<Reservation>();
   r->memory = std::make_unique<detail::AnonMemory>(bytes, bytes <= StagingPool::kSmallPool,
                                                    "reserved staging memory");
   if (wait) {
-    r->fault(0);
+    r->fault();
   } else {
     try {
       r->faulter = std::thread([p = r.get()] {
         detail::name_this_thread("tsnap-reserve");
         io::make_background_thread();
-        p->fault(0);
+        p->fault();
       });
     } catch (const std::system_error&) {
-      r->fault(0);  // no thread: fault it in here
+      r->fault();  // no thread: fault it in here
     }
   }
   current() = std::move(r);
