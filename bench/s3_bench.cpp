@@ -60,8 +60,7 @@ double raw_upload(tsnap::io::S3Client& c, const std::string& bucket, const std::
   std::vector<tsnap::io::S3Part> done(parts);
   tsnap::detail::run_parallel(parts, threads, [&](size_t p, int) {
     const uint64_t len = std::min(kPart, bytes - p * kPart);
-    done[p] = {static_cast<int>(p + 1), len,
-               c.upload_part(bucket, key, id, static_cast<int>(p + 1), data + p * kPart, len)};
+    done[p] = c.upload_part(bucket, key, id, static_cast<int>(p + 1), data + p * kPart, len);
   });
   c.complete_multipart_upload(bucket, key, id, done);
   return since(t0);

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "common/hex.h"
+#include "io/crc32c.h"
 #include "tsnap/error.h"
 
 namespace tsnap::io {
@@ -36,8 +37,9 @@ struct Request {
   std::string query;           // canonical (see canonical_query)
   const void* body = nullptr;  // PUT/POST payload, borrowed
   size_t body_size = 0;
-  bool data_body = false;            // object data: UNSIGNED-PAYLOAD and Content-MD5 (else hashed)
-  std::string md5_base64, md5_hex;   // object data: its MD5, computed once for every attempt
+  bool data_body = false;            // object data: UNSIGNED-PAYLOAD and a checksum (else hashed)
+  std::string md5_base64, md5_hex;   // object data: its MD5 (S3Checksum::kMd5), once for all tries
+  std::string crc32c;                // object data: its CRC-32C in base64 (S3Checksum::kCrc32c)
   std::vector<std::string> headers;  // extra, "lower-case-name: value" (all signed)
   void* out = nullptr;               // ranged GET: the 206 body goes here...
   size_t out_size = 0;               // ...at most this many bytes
@@ -53,6 +55,7 @@ struct Response {
   long status = 0;
   std::string body;  // the body, unless it went to Request::out
   std::string etag;  // without quotes
+  std::string crc32c;  // x-amz-checksum-crc32c, when the server gave one
   int64_t content_length = -1;
   void* out = nullptr;  // Request::out, Request::out_size
   size_t out_size = 0;
@@ -205,11 +208,17 @@ size_t on_header(char* p, size_t size, size_t n, void* user) noexcept {
   try {
     if (line.rfind("HTTP/", 0) == 0) {  // a new response (after 100 Continue)
       r->etag.clear();
+      r->crc32c.clear();
       r->content_length = -1;
     } else if (line.size() > 5 && strncasecmp(line.data(), "etag:", 5) == 0) {
       std::string v(line.substr(5));
       v.erase(0, v.find_first_not_of(" \t"));
       r->etag = s3_xml::unquote_etag(std::move(v));
+    } else if (line.size() > 22 && strncasecmp(line.data(), "x-amz-checksum-crc32c:", 22) == 0) {
+      std::string_view v = line.substr(22);
+      while (!v.empty() && std::isspace(static_cast<unsigned char>(v.front()))) v.remove_prefix(1);
+      while (!v.empty() && std::isspace(static_cast<unsigned char>(v.back()))) v.remove_suffix(1);
+      r->crc32c = std::string(v);
     } else if (line.size() > 15 && strncasecmp(line.data(), "content-length:", 15) == 0) {
       std::string_view v = line.substr(15);
       while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
@@ -383,6 +392,13 @@ S3Config S3Config::from_environment() {
   c.path_style = path_style.empty() ? custom : (path_style != "0" && path_style != "false");
   const std::string verify = env("TSNAP_S3_VERIFY_ETAG");
   c.verify_etag = verify != "0" && verify != "false";
+  const std::string checksum = env("TSNAP_S3_CHECKSUM");
+  if (checksum == "md5" || checksum == "MD5") {
+    c.checksum = S3Checksum::kMd5;
+  } else if (!checksum.empty() && checksum != "crc32c" && checksum != "CRC32C") {
+    throw_error(ErrorCode::kInvalidArgument,
+                "TSNAP_S3_CHECKSUM is '" + checksum + "'; it must be crc32c or md5");
+  }
   env_limit("TSNAP_S3_CONNECT_TIMEOUT_MS", 1, &c.connect_timeout_ms);
   env_limit("TSNAP_S3_TIMEOUT_MS", 1, &c.timeout_ms);
   env_limit("TSNAP_S3_MIN_SPEED", 1, &c.min_speed);
@@ -513,7 +529,12 @@ Response S3Client::perform(const Request& q) {
   std::vector<std::string> headers = q.headers;
   if (q.data_body) {
     headers.push_back("x-amz-content-sha256: UNSIGNED-PAYLOAD");
-    headers.push_back("content-md5: " + q.md5_base64);
+    if (!q.crc32c.empty()) {
+      headers.push_back("x-amz-sdk-checksum-algorithm: CRC32C");
+      headers.push_back("x-amz-checksum-crc32c: " + q.crc32c);
+    } else {
+      headers.push_back("content-md5: " + q.md5_base64);
+    }
   } else if (q.body_size > 0) {
     headers.push_back("x-amz-content-sha256: " + digest(EVP_sha256(), q.body, q.body_size));
     std::string md5;
@@ -646,8 +667,17 @@ Response S3Client::perform(const Request& q) {
 
 namespace {
 
-// Whether `etag` is the MD5 of the bytes sent.
-void check_etag(const S3Config& config, const Request& q, const Response& r) {
+// Whether the server received the bytes sent: the CRC-32C it gives back (if it does) is theirs,
+// or (with S3Checksum::kMd5) the ETag is their MD5.
+void check_received(const S3Config& config, const Request& q, const Response& r) {
+  if (!q.crc32c.empty()) {
+    if (!r.crc32c.empty() && r.crc32c != q.crc32c) {
+      fail(config, q, ErrorCode::kHashMismatch,
+           "the CRC-32C the server computed, '" + r.crc32c +
+               "', is not the one of the bytes sent (" + q.crc32c + ")");
+    }
+    return;
+  }
   if (!config.verify_etag) return;
   std::string etag = r.etag;
   std::transform(etag.begin(), etag.end(), etag.begin(),
@@ -661,13 +691,17 @@ void check_etag(const S3Config& config, const Request& q, const Response& r) {
 }
 
 Request data_request(const char* method, std::string op, const std::string& bucket,
-                     const std::string& key, const void* data, size_t n) {
+                     const std::string& key, const void* data, size_t n, S3Checksum checksum) {
   Request q(method, std::move(op), bucket, key);
   q.body = data;
   q.body_size = n;
   q.data_body = true;
   q.content_type = "application/octet-stream";
-  q.md5_hex = digest(EVP_md5(), data, n, &q.md5_base64);
+  if (checksum == S3Checksum::kCrc32c) {
+    q.crc32c = crc32c_base64(crc32c(data, n));
+  } else {
+    q.md5_hex = digest(EVP_md5(), data, n, &q.md5_base64);
+  }
   return q;
 }
 
@@ -699,7 +733,7 @@ std::string next_page(const S3Config& config, const Request& q, const std::strin
 
 void S3Client::put_object(const std::string& bucket, const std::string& key, const void* data,
                           size_t n, bool if_absent) {
-  Request q = data_request("PUT", "PUT", bucket, key, data, n);
+  Request q = data_request("PUT", "PUT", bucket, key, data, n, config_.checksum);
   if (if_absent) q.headers.push_back("if-none-match: *");
   const Response r = perform(q);
   if (if_absent && (r.status == 412 || r.code == "PreconditionFailed")) {
@@ -707,18 +741,21 @@ void S3Client::put_object(const std::string& bucket, const std::string& key, con
          "the object exists (HTTP 412 PreconditionFailed to If-None-Match: *)");
   }
   check(config_, q, r);
-  check_etag(config_, q, r);
+  check_received(config_, q, r);
 }
 
 std::string S3Client::create_multipart_upload(const std::string& bucket, const std::string& key) {
   Request q("POST", "start a multipart upload of", bucket, key, canonical_query({{"uploads", ""}}));
   q.content_type = "application/octet-stream";  // S3 keeps it as the object's
+  if (config_.checksum == S3Checksum::kCrc32c) {
+    q.headers.push_back("x-amz-checksum-algorithm: CRC32C");
+  }
   const Response r = perform(q);
   check(config_, q, r);
   return parsed(config_, q, [&] { return s3_xml::parse_upload_id(r.body); });
 }
 
-std::string S3Client::upload_part(const std::string& bucket, const std::string& key,
+S3Part S3Client::upload_part(const std::string& bucket, const std::string& key,
                                   const std::string& upload_id, int part_number, const void* data,
                                   size_t n) {
   if (part_number < 1 || part_number > 10000) {
@@ -726,12 +763,12 @@ std::string S3Client::upload_part(const std::string& bucket, const std::string& 
                 "S3 part number " + std::to_string(part_number) + " is not in 1..10000");
   }
   Request q = data_request("PUT", "upload part " + std::to_string(part_number) + " of", bucket, key,
-                           data, n);
+                           data, n, config_.checksum);
   q.query = canonical_query({{"partNumber", std::to_string(part_number)}, {"uploadId", upload_id}});
   const Response r = perform(q);
   check(config_, q, r);
-  check_etag(config_, q, r);
-  return r.etag;
+  check_received(config_, q, r);
+  return S3Part{part_number, n, r.etag, q.crc32c};
 }
 
 void S3Client::complete_multipart_upload(const std::string& bucket, const std::string& key,
@@ -740,7 +777,9 @@ void S3Client::complete_multipart_upload(const std::string& bucket, const std::s
   std::string xml = "<CompleteMultipartUpload>";
   for (const S3Part& p : parts) {
     xml += "<Part><PartNumber>" + std::to_string(p.number) + "</PartNumber><ETag>\"" +
-           s3_xml::escape(p.etag) + "\"</ETag></Part>";
+           s3_xml::escape(p.etag) + "\"</ETag>";
+    if (!p.crc32c.empty()) xml += "<ChecksumCRC32C>" + s3_xml::escape(p.crc32c) + "</ChecksumCRC32C>";
+    xml += "</Part>";
   }
   xml += "</CompleteMultipartUpload>";
   Request q = xml_request("POST", "complete the multipart upload of", bucket, key,

@@ -34,6 +34,9 @@ struct S3Part {
   int number = 0;     ///< 1..10000.
   uint64_t size = 0;  ///< Bytes (from ListParts; unused by complete_multipart_upload).
   std::string etag;   ///< Without quotes.
+  /// The part's CRC-32C in base64 (S3Checksum::kCrc32c uploads; ListParts' ChecksumCRC32C),
+  /// sent back with CompleteMultipartUpload; empty: none.
+  std::string crc32c;
 };
 
 /// A multipart upload in progress (ListMultipartUploads).

@@ -21,6 +21,7 @@
 #include "format/layout.h"
 #include "format/manifest_io.h"
 #include "format/s3_root.h"
+#include "io/crc32c.h"
 #include "io/s3_client.h"
 #include "tsnap/catalog.h"
 #include "tsnap/error.h"
@@ -134,12 +135,15 @@ class S3Store final : public DurableStore {
         done[p].number = number;
         if (auto it = uploaded.find(number); it != uploaded.end() && it->second.size == len &&
                                              it->second.etag == io::md5_hex(buffer.data(), len)) {
-          done[p].etag = it->second.etag;
+          done[p] = it->second;
+          if (done[p].crc32c.empty() && client.config().checksum == io::S3Checksum::kCrc32c) {
+            done[p].crc32c = io::crc32c_base64(io::crc32c(buffer.data(), len));
+          }
           kept += len;
           return;
         }
         config_.pace(len);
-        done[p].etag = client.upload_part(bucket, key, upload_id, number, buffer.data(), len);
+        done[p] = client.upload_part(bucket, key, upload_id, number, buffer.data(), len);
         sent += len;
       });
     } catch (...) {

@@ -281,6 +281,47 @@ TEST(S3HostileEndpoint, AConditionalPutOfAnExistingKeyIsAlreadyExists) {
   EXPECT_TRUE(contains(f.what, "the object exists")) << f.what;
 }
 
+// Uploads carry their CRC-32C (or, where asked, their MD5) for the server to check; an answer
+// that gives back another CRC-32C than the one sent is a hash mismatch, not a success.
+TEST(S3HostileEndpoint, UploadsCarryTheirChecksumAndAWrongAnswerIsAMismatch) {
+  std::string sent_crc, sent_algorithm, sent_md5;
+  bool lie = false;
+  FakeHttpServer server([&](Exchange& x) {
+    sent_crc = x.header("x-amz-checksum-crc32c");
+    sent_algorithm = x.header("x-amz-sdk-checksum-algorithm");
+    sent_md5 = x.header("content-md5");
+    const std::string crc = lie ? "AAAAAA==" : sent_crc;
+    x.send("HTTP/1.1 200 OK\r\nConnection: close\r\nETag: \"5d41402abc4b2a76b9719d911017c592\"\r\n" +
+           (crc.empty() ? std::string() : "x-amz-checksum-crc32c: " + crc + "\r\n") +
+           "Content-Length: 0\r\n\r\n");
+  });
+  S3Config config = config_for(server);
+  {
+    S3Client client(config);
+    client.put_object("bkt", "k", "hello", 5);
+    EXPECT_EQ(sent_crc, "mnG7TA==");
+    EXPECT_EQ(sent_algorithm, "CRC32C");
+    EXPECT_EQ(sent_md5, "");
+    lie = true;
+    const Failure f =
+        failure_of(config, "PUT s3://bkt/k", [&] { client.put_object("bkt", "k", "hello", 5); });
+    EXPECT_EQ(f.code, ErrorCode::kHashMismatch);
+    EXPECT_TRUE(contains(f.what, "'AAAAAA==', is not the one of the bytes sent (mnG7TA==)"))
+        << f.what;
+  }
+  config.checksum = S3Checksum::kMd5;  // the ETag above is the MD5 of "hello"
+  S3Client client(config);
+  client.put_object("bkt", "k", "hello", 5);
+  EXPECT_EQ(sent_crc, "");
+  EXPECT_EQ(sent_md5, "XUFAKrxLKna5cZ2REBfFkg==");
+  ::setenv("TSNAP_S3_CHECKSUM", "md5", 1);
+  EXPECT_EQ(S3Config::from_environment().checksum, S3Checksum::kMd5);
+  ::setenv("TSNAP_S3_CHECKSUM", "sha1", 1);
+  EXPECT_THROW(S3Config::from_environment(), Error);
+  ::unsetenv("TSNAP_S3_CHECKSUM");
+  EXPECT_EQ(S3Config::from_environment().checksum, S3Checksum::kCrc32c);
+}
+
 TEST(S3HostileEndpoint, LimitsFromTheEnvironment) {
   ::setenv("TSNAP_S3_CONNECT_TIMEOUT_MS", "1500", 1);
   ::setenv("TSNAP_S3_TIMEOUT_MS", "2500", 1);

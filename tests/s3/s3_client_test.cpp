@@ -168,9 +168,7 @@ TEST_F(S3ClientTest, MultipartUploadAndReadsAcrossParts) {
   size_t offset = 0;
   for (size_t i = 0; i < sizes.size(); ++i) {
     const int number = static_cast<int>(i) + 1;
-    parts.push_back(
-        {number, sizes[i],
-         client_->upload_part(bucket_, key, id, number, data.data() + offset, sizes[i])});
+    parts.push_back(client_->upload_part(bucket_, key, id, number, data.data() + offset, sizes[i]));
     offset += sizes[i];
   }
   EXPECT_FALSE(client_->head_object(bucket_, key).has_value());  // not there before completion
@@ -194,8 +192,8 @@ TEST_F(S3ClientTest, PartsBelowTheMinimumAreRefused) {
   const std::string small = random_bytes(1024, 3);
   const std::string id = client_->create_multipart_upload(bucket_, "small");
   const std::vector<S3Part> parts = {
-      {1, small.size(), client_->upload_part(bucket_, "small", id, 1, small.data(), small.size())},
-      {2, small.size(), client_->upload_part(bucket_, "small", id, 2, small.data(), small.size())}};
+      client_->upload_part(bucket_, "small", id, 1, small.data(), small.size()),
+      client_->upload_part(bucket_, "small", id, 2, small.data(), small.size())};
   const Caught e =
       error_of([&] { client_->complete_multipart_upload(bucket_, "small", id, parts); });
   EXPECT_EQ(e.code, ErrorCode::kIo);
@@ -225,8 +223,7 @@ TEST_F(S3ClientTest, ResumeAndAbortUploads) {
   EXPECT_EQ(parts[1].number, 2);
   EXPECT_EQ(parts[1].size, 5 * kMiB);
   EXPECT_EQ(parts[0].etag.size(), 32u);
-  parts.push_back(
-      {3, 100, client_->upload_part(bucket_, key, id, 3, data.data() + 10 * kMiB, 100)});
+  parts.push_back(client_->upload_part(bucket_, key, id, 3, data.data() + 10 * kMiB, 100));
   client_->complete_multipart_upload(bucket_, key, id, parts);
   EXPECT_EQ(get(key), data);
 
