@@ -53,8 +53,8 @@ struct Response {
   CURL* curl = nullptr;  // during the transfer only
   bool no_body = false;  // a HEAD: Content-Length is the object's, not a body's
   long status = 0;
-  std::string body;  // the body, unless it went to Request::out
-  std::string etag;  // without quotes
+  std::string body;    // the body, unless it went to Request::out
+  std::string etag;    // without quotes
   std::string crc32c;  // x-amz-checksum-crc32c, when the server gave one
   int64_t content_length = -1;
   void* out = nullptr;  // Request::out, Request::out_size
@@ -756,8 +756,8 @@ std::string S3Client::create_multipart_upload(const std::string& bucket, const s
 }
 
 S3Part S3Client::upload_part(const std::string& bucket, const std::string& key,
-                                  const std::string& upload_id, int part_number, const void* data,
-                                  size_t n) {
+                             const std::string& upload_id, int part_number, const void* data,
+                             size_t n) {
   if (part_number < 1 || part_number > 10000) {
     throw_error(ErrorCode::kInvalidArgument,
                 "S3 part number " + std::to_string(part_number) + " is not in 1..10000");
@@ -778,7 +778,8 @@ void S3Client::complete_multipart_upload(const std::string& bucket, const std::s
   for (const S3Part& p : parts) {
     xml += "<Part><PartNumber>" + std::to_string(p.number) + "</PartNumber><ETag>\"" +
            s3_xml::escape(p.etag) + "\"</ETag>";
-    if (!p.crc32c.empty()) xml += "<ChecksumCRC32C>" + s3_xml::escape(p.crc32c) + "</ChecksumCRC32C>";
+    if (!p.crc32c.empty())
+      xml += "<ChecksumCRC32C>" + s3_xml::escape(p.crc32c) + "</ChecksumCRC32C>";
     xml += "</Part>";
   }
   xml += "</CompleteMultipartUpload>";

@@ -29,9 +29,10 @@
 /// Errors are tsnap's (`throw_error`): a missing bucket, key or upload is `kNotFound`; refused or
 /// expired credentials, an unreachable endpoint and any other failure `kIo`; an object shorter
 /// than a range asked for `kTruncated`; an ETag that is not the MD5 of the bytes sent, or a
-/// CRC-32C answered that is not the one sent, `kHashMismatch`; a conditional PUT of a key that exists `kAlreadyExists`. Messages read
-/// "could not <operation> s3://bucket/key at <endpoint>: ..." with the HTTP status and S3's
-/// error code and message; they never contain the secret key, the session token or a signature.
+/// CRC-32C answered that is not the one sent, `kHashMismatch`; a conditional PUT of a key that
+/// exists `kAlreadyExists`. Messages read "could not <operation> s3://bucket/key at <endpoint>:
+/// ..." with the HTTP status and S3's error code and message; they never contain the secret key,
+/// the session token or a signature.
 
 #include <cstddef>
 #include <cstdint>
@@ -82,17 +83,16 @@ struct S3Config {
   /// AWS_ENDPOINT_URL, else https://s3.<region>.amazonaws.com; region from AWS_REGION, else
   /// AWS_DEFAULT_REGION, else us-east-1; AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
   /// AWS_SESSION_TOKEN; path-style addressing from TSNAP_S3_PATH_STYLE (1/0), by default on for
-  /// a custom endpoint and off for AWS's; TSNAP_S3_VERIFY_ETAG=0 turns the ETag check off; TSNAP_S3_CHECKSUM
-  /// (crc32c or md5) picks `checksum`, as AWS_REQUEST_CHECKSUM_CALCULATION=when_required would
-  /// for the AWS SDKs where a store lacks flexible checksums; the
-  /// limits from TSNAP_S3_CONNECT_TIMEOUT_MS, TSNAP_S3_TIMEOUT_MS, TSNAP_S3_MIN_SPEED,
-  /// TSNAP_S3_ATTEMPTS and TSNAP_S3_RETRY_MS (the defaults above when unset); the CA bundle
-  /// from AWS_CA_BUNDLE, else SSL_CERT_FILE, else the first of the distributions' usual
-  /// bundles that exists (Debian's, Red Hat's, SUSE's, Alpine's), so that a libcurl built
-  /// for one distribution (the binary wheel's) finds another's.
-  /// Errors: InvalidArgument naming a limit variable that is not a number in range (missing
-  /// credentials mean anonymous requests). Thread-safety: reads the environment (do not setenv
-  /// concurrently).
+  /// a custom endpoint and off for AWS's; TSNAP_S3_VERIFY_ETAG=0 turns the ETag check off;
+  /// TSNAP_S3_CHECKSUM (crc32c or md5) picks `checksum`, as
+  /// AWS_REQUEST_CHECKSUM_CALCULATION=when_required would for the AWS SDKs where a store lacks
+  /// flexible checksums; the limits from TSNAP_S3_CONNECT_TIMEOUT_MS, TSNAP_S3_TIMEOUT_MS,
+  /// TSNAP_S3_MIN_SPEED, TSNAP_S3_ATTEMPTS and TSNAP_S3_RETRY_MS (the defaults above when unset);
+  /// the CA bundle from AWS_CA_BUNDLE, else SSL_CERT_FILE, else the first of the distributions'
+  /// usual bundles that exists (Debian's, Red Hat's, SUSE's, Alpine's), so that a libcurl built for
+  /// one distribution (the binary wheel's) finds another's. Errors: InvalidArgument naming a limit
+  /// variable that is not a number in range (missing credentials mean anonymous requests).
+  /// Thread-safety: reads the environment (do not setenv concurrently).
   static S3Config from_environment();
 };
 
@@ -154,8 +154,7 @@ class S3Client {
   /// upload; returns it (number, size, ETag, checksum). Uploading a part number again replaces
   /// that part.
   S3Part upload_part(const std::string& bucket, const std::string& key,
-                          const std::string& upload_id, int part_number, const void* data,
-                          size_t n);
+                     const std::string& upload_id, int part_number, const void* data, size_t n);
   /// Joins `parts` (ascending part numbers, as upload_part or list_parts returned them) into the
   /// object. Errors: kNotFound when the upload is unknown (aborted, or completed before).
   void complete_multipart_upload(const std::string& bucket, const std::string& key,

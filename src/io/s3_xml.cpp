@@ -172,8 +172,8 @@ PartPage parse_part_page(std::string_view xml) {
   for (std::string_view e : elements(page, "Part")) {
     const uint64_t n = number(e, "PartNumber", kWhat);
     if (n < 1 || n > 10000) malformed(kWhat, "part number " + std::to_string(n));
-    p.parts.push_back({static_cast<int>(n), number(e, "Size", kWhat),
-                       unquote_etag(text(e, "ETag")), text(e, "ChecksumCRC32C")});
+    p.parts.push_back({static_cast<int>(n), number(e, "Size", kWhat), unquote_etag(text(e, "ETag")),
+                       text(e, "ChecksumCRC32C")});
   }
   p.next_marker = next(page, truncated(page, kWhat), "NextPartNumberMarker", kWhat);
   return p;

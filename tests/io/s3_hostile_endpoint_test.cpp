@@ -291,9 +291,10 @@ TEST(S3HostileEndpoint, UploadsCarryTheirChecksumAndAWrongAnswerIsAMismatch) {
     sent_algorithm = x.header("x-amz-sdk-checksum-algorithm");
     sent_md5 = x.header("content-md5");
     const std::string crc = lie ? "AAAAAA==" : sent_crc;
-    x.send("HTTP/1.1 200 OK\r\nConnection: close\r\nETag: \"5d41402abc4b2a76b9719d911017c592\"\r\n" +
-           (crc.empty() ? std::string() : "x-amz-checksum-crc32c: " + crc + "\r\n") +
-           "Content-Length: 0\r\n\r\n");
+    x.send(
+        "HTTP/1.1 200 OK\r\nConnection: close\r\nETag: \"5d41402abc4b2a76b9719d911017c592\"\r\n" +
+        (crc.empty() ? std::string() : "x-amz-checksum-crc32c: " + crc + "\r\n") +
+        "Content-Length: 0\r\n\r\n");
   });
   S3Config config = config_for(server);
   {
